@@ -1,0 +1,88 @@
+"""The one small interface every model backend implements.
+
+A request is a list of chat messages (`{"role": ..., "content": ...}`). When the last message is from the
+assistant, the backend *continues* it rather than starting a new assistant turn: that is how the ReAct trace
+grows inside one assistant turn. Stop strings end generation and are not part of the returned text.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the server parsed for us (OpenAI-compatible native mode)."""
+
+    name: str
+    arguments: str  # raw JSON text, exactly as the model wrote it
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What one model call produced."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "stop"  # "stop" (stop string or end of turn), "length" or "cancelled"
+    tool_calls: tuple[ToolCall, ...] = field(default_factory=tuple)
+
+
+class CancelToken:
+    """Set from the event loop, read from the model thread: `threading.Event` is safe across both."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        """Ask the running request to stop at its next step."""
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether `cancel()` was called."""
+        return self._event.is_set()
+
+
+class LLM(ABC):
+    """An async model backend."""
+
+    name: str = "llm"
+
+    async def start(self) -> None:
+        """Load weights, open clients: anything slow that should happen once at start-up."""
+
+    async def close(self) -> None:
+        """Release what `start` took."""
+
+    @abstractmethod
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        stop: Sequence[str] = (),
+        max_new_tokens: int = 512,
+        tools: Sequence[dict[str, Any]] | None = None,
+        cancel: CancelToken | None = None,
+    ) -> Completion:
+        """Generate a completion for `messages`, ending at the first of `stop` (trimmed) or the token limit.
+
+        `tools` are OpenAI-style function specs for native tool calling. Raises `LLMError` subclasses.
+        """
+
+    @abstractmethod
+    def count_tokens(self, text: str) -> int:
+        """Count tokens of `text` as this model sees them; cheap and safe to call from the event loop."""
+
+
+def trim_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """Cut `text` before the earliest stop string; say whether one was found."""
+    cut = min((index for s in stop if s and (index := text.find(s)) >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)

@@ -1,0 +1,129 @@
+"""Settings: every knob of the bot, read once from the environment (and `.env`).
+
+Each field is mirrored, with its default and an explanation, in `.env.example`.
+Tests build `Settings(...)` directly or call `Settings.from_env({...})` with an explicit mapping.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from dotenv import load_dotenv
+
+LLM_BACKENDS = ("local", "openai", "scripted")
+AGENT_MODES = ("react", "native")
+
+
+class ConfigError(ValueError):
+    """A setting has a value the bot cannot use; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The bot's configuration. Field `foo_bar` is read from the variable `FOO_BAR`."""
+
+    telegram_bot_token: str = ""
+    telegram_base_url: str = "https://api.telegram.org/bot"
+    webhook_url: str = ""
+    webhook_listen: str = "127.0.0.1"
+    webhook_port: int = 8443
+    database_path: Path = Path("data/bot.sqlite3")
+    database_busy_timeout_seconds: float = 10.0
+    llm_backend: str = "local"
+    model: str = "Qwen/Qwen2.5-1.5B-Instruct"
+    model_device_map: str = "auto"
+    openai_base_url: str = "http://127.0.0.1:8000/v1"
+    openai_api_key: str = "EMPTY"
+    openai_model: str = ""
+    openai_timeout_seconds: float = 60.0
+    openai_max_retries: int = 3
+    agent_mode: str = "react"
+    scripted_replies_path: str = ""
+    tokenizer_vocab_path: Path = Path("data/qwen.tiktoken")
+    admin_user_ids: frozenset[int] = field(default_factory=frozenset)
+    allowed_user_ids: frozenset[int] = field(default_factory=frozenset)
+    allowed_chat_ids: frozenset[int] = field(default_factory=frozenset)
+    max_steps: int = 6
+    max_new_tokens: int = 512
+    tool_timeout_seconds: float = 10.0
+    history_token_budget: int = 2000
+    observation_max_chars: int = 2000
+    batch_size: int = 8
+    turn_timeout_seconds: float = 180.0
+    progress_after_seconds: float = 2.0
+    typing_interval_seconds: float = 4.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, dotenv: bool = True) -> "Settings":
+        """Read settings from `environ` (default: the process environment, after loading `.env`)."""
+        if environ is None:
+            if dotenv:
+                load_dotenv()
+            environ = os.environ
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            raw = environ.get(spec.name.upper())
+            if raw is not None and raw.strip() != "":
+                values[spec.name] = _parse(spec.name, str(spec.type), raw.strip())
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Refuse values that parse but make no sense, naming the variable."""
+        _one_of("LLM_BACKEND", self.llm_backend, LLM_BACKENDS)
+        _one_of("AGENT_MODE", self.agent_mode, AGENT_MODES)
+        for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
+                     "observation_max_chars", "webhook_port"):
+            _positive(name.upper(), getattr(self, name))
+        for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds"):
+            _positive(name.upper(), getattr(self, name))
+        if self.openai_max_retries < 0:
+            raise ConfigError("OPENAI_MAX_RETRIES must be 0 or more, got %d" % self.openai_max_retries)
+
+    def require_telegram_token(self) -> None:
+        """`qwenbot run` cannot start without a token; say so in one line."""
+        if not self.telegram_bot_token:
+            raise ConfigError("TELEGRAM_BOT_TOKEN is not set: create a bot with @BotFather and put its token in .env")
+
+
+def _parse(name: str, type_name: str, raw: str) -> Any:
+    parser = _PARSERS.get(type_name.replace(" ", ""))
+    if parser is None:
+        return raw
+    try:
+        return parser(raw)
+    except ValueError:
+        raise ConfigError(f"{name.upper()} must be {_DESCRIPTIONS[type_name.replace(' ', '')]}, got {raw!r}") from None
+
+
+def _id_set(raw: str) -> frozenset[int]:
+    return frozenset(int(part) for part in raw.replace(";", ",").split(",") if part.strip())
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "int": int,
+    "float": float,
+    "Path": Path,
+    "frozenset[int]": _id_set,
+}
+_DESCRIPTIONS = {
+    "int": "a whole number",
+    "float": "a number",
+    "Path": "a path",
+    "frozenset[int]": "a comma-separated list of numeric ids",
+}
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{name} must be greater than 0, got {value}")

