@@ -1,0 +1,15 @@
+"""Tools the model can call: the registry, and one module per tool."""
+
+from __future__ import annotations
+
+from migrations import Database
+from tools.calculator import CALCULATOR
+from tools.courses import CourseCatalog
+from tools.registry import Tool, ToolRegistry, ToolResult
+
+__all__ = ["Tool", "ToolRegistry", "ToolResult", "build_registry"]
+
+
+def build_registry(db: Database, timeout_seconds: float = 10.0) -> ToolRegistry:
+    """Every tool the bot ships, registered in the order the prompt lists them."""
+    return ToolRegistry.of([*CourseCatalog(db).tools(), CALCULATOR], timeout_seconds=timeout_seconds)

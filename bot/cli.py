@@ -1,0 +1,106 @@
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools.
+
+Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
+one clear line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Awaitable, Callable, Sequence
+
+from agent.errors import LLMError
+from bot.config import ConfigError, Settings
+from migrations import MigrationError, open_database
+from tools import build_registry
+from tools.settings import GLOBAL, ToolSettings
+
+log = logging.getLogger("qwenbot")
+
+# Failures a user can act on: shown as one line, never as a traceback.
+USER_ERRORS = (ConfigError, LLMError, MigrationError, OSError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one sub-command per job."""
+    parser = argparse.ArgumentParser(prog="qwenbot", description="A Qwen ReAct assistant for Telegram.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("run", help="run the Telegram bot (settings from .env)")
+    commands.add_parser("migrate", help="create or upgrade the database and print what was applied")
+    tools = commands.add_parser("tools", help="list the registered tools and whether they are enabled")
+    tools.add_argument("--chat", default=GLOBAL, help="a chat key (e.g. tg:12345 or cli) to show that chat's state")
+    ask = commands.add_parser("ask", help="ask one question and print the final answer")
+    ask.add_argument("question", help="the question")
+    ask.add_argument("--trace", action="store_true", help="also print each step of the reasoning")
+    ask.add_argument("--session", default="cli:ask", help="history session id (default: cli:ask)")
+    chat = commands.add_parser("chat", help="an interactive session in the terminal (/reset, /trace, /quit)")
+    chat.add_argument("--session", default="cli:chat", help="history session id (default: cli:chat)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `qwenbot` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return COMMANDS[args.command](settings, args)
+    except USER_ERRORS as error:
+        print(f"qwenbot: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def run_async(job: Callable[[], Awaitable[int]]) -> int:
+    """Run a coroutine function to completion on a fresh event loop."""
+    return asyncio.run(job())
+
+
+def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Create or upgrade the database; print each migration applied, or that there was nothing to do."""
+    async def job() -> int:
+        db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+        await db.close()
+        for name in db.applied:
+            print(f"applied {name}")
+        if not db.applied:
+            print(f"{settings.database_path} is up to date")
+        return 0
+    return run_async(job)
+
+
+def tools_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Print every registered tool with its state (globally, or in one chat)."""
+    async def job() -> int:
+        db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+        try:
+            registry = build_registry(db, settings.tool_timeout_seconds)
+            for state in await ToolSettings(db, registry).states(args.chat):
+                mark = "on " if state.enabled else "off"
+                print(f"{mark}  {state.tool.name:<14} {state.tool.human_name} ({state.source})")
+        finally:
+            await db.close()
+        return 0
+    return run_async(job)
+
+
+def not_yet(settings: Settings, args: argparse.Namespace) -> int:
+    """Placeholder for commands that arrive with later work."""
+    print(f"qwenbot {args.command}: not available yet", file=sys.stderr)
+    return 2
+
+
+COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "migrate": migrate_command,
+    "tools": tools_command,
+    "run": not_yet,
+    "ask": not_yet,
+    "chat": not_yet,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The bot's one SQLite file: opened in WAL mode with foreign keys on, migrated on open.
+
+One aiosqlite connection is shared by the whole process. Writes go through `transaction()`, which holds a
+lock so that two coroutines never interleave statements inside one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterable
+
+import aiosqlite
+
+from migrations.runner import MIGRATIONS_FOLDER, apply_migrations
+
+
+class Database:
+    """A migrated SQLite database: reads at any time, writes inside `transaction()`."""
+
+    def __init__(self, conn: aiosqlite.Connection, path: Path):
+        self.conn = conn
+        self.path = path
+        self.applied: list[str] = []
+        self._write_lock = asyncio.Lock()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """Run the block's statements as one transaction: all of them commit, or none."""
+        async with self._write_lock:
+            # IMMEDIATE takes the write lock now, so a busy database makes us wait here (busy_timeout),
+            # not fail half-way through the block.
+            await self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                await self.conn.execute("ROLLBACK")
+                raise
+            await self.conn.execute("COMMIT")
+
+    async def fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[aiosqlite.Row]:
+        """All rows of a query."""
+        async with self.conn.execute(sql, tuple(params)) as cursor:
+            return list(await cursor.fetchall())
+
+    async def fetchone(self, sql: str, params: Iterable[Any] = ()) -> aiosqlite.Row | None:
+        """The first row of a query, or None."""
+        async with self.conn.execute(sql, tuple(params)) as cursor:
+            return await cursor.fetchone()
+
+    async def close(self) -> None:
+        """Close the connection (idempotent)."""
+        await self.conn.close()
+
+
+async def open_database(path: str | Path, *, busy_timeout_seconds: float = 10.0,
+                        migrations_folder: Path = MIGRATIONS_FOLDER) -> Database:
+    """Open (creating folders as needed) and migrate the database at `path`."""
+    path = Path(path)
+    if str(path) != ":memory:":
+        path.parent.mkdir(parents=True, exist_ok=True)
+    # `timeout` is sqlite3's busy timeout: how long a statement waits for another process's lock.
+    conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout_seconds)
+    conn.row_factory = aiosqlite.Row
+    try:
+        await conn.execute("PRAGMA journal_mode = WAL")
+        await conn.execute("PRAGMA foreign_keys = ON")
+        database = Database(conn, path)
+        database.applied = await apply_migrations(conn, migrations_folder)
+    except BaseException:
+        await conn.close()
+        raise
+    return database

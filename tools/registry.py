@@ -1,0 +1,155 @@
+"""The tool registry: what the model may call, how it is described, and a call that never raises.
+
+A tool is a plain `async def` returning text, plus its description and a JSON Schema for its arguments.
+`ToolRegistry.call` validates arguments with jsonschema and runs the tool under a time limit. Whatever goes
+wrong (unknown tool, bad arguments, an exception, a time-out) comes back as a `ToolResult` the model can read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Iterator
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from tools.errors import ToolError
+
+log = logging.getLogger(__name__)
+
+ToolFunction = Callable[..., Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable tool: the async function and how the model sees it."""
+
+    name: str  # name_for_model
+    human_name: str  # name_for_human
+    description: str  # description_for_model
+    parameters: dict[str, Any]  # JSON Schema of an object
+    function: ToolFunction
+    progress: str = "🛠"  # shown to the user while the tool runs, e.g. "🔎 查询课程数据库"
+    enabled_by_default: bool = True
+
+    def __post_init__(self) -> None:
+        Draft202012Validator.check_schema(self.parameters)
+
+    @property
+    def parameter_list(self) -> list[dict[str, Any]]:
+        """The schema in the article's list form: name, description, required, schema."""
+        required = set(self.parameters.get("required", ()))
+        return [
+            {
+                "name": name,
+                "description": spec.get("description", ""),
+                "required": name in required,
+                "schema": {k: v for k, v in spec.items() if k != "description"},
+            }
+            for name, spec in self.parameters.get("properties", {}).items()
+        ]
+
+    @property
+    def single_parameter(self) -> str | None:
+        """The name of the only parameter, when there is exactly one (a plain string can then stand for it)."""
+        names = list(self.parameters.get("properties", {}))
+        return names[0] if len(names) == 1 else None
+
+    def openai_spec(self) -> dict[str, Any]:
+        """The tool as an OpenAI-style function spec, for native tool calling."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a call produced: `output` is always text the model can read; `error` names what went wrong."""
+
+    tool: str
+    arguments: Any
+    output: str
+    error: str | None = None  # unknown_tool, invalid_arguments, tool_error, exception, timeout
+    duration_ms: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """Whether the tool ran and returned normally."""
+        return self.error is None
+
+
+@dataclass
+class ToolRegistry:
+    """The tools the bot knows, by name."""
+
+    tools: dict[str, Tool] = field(default_factory=dict)
+    timeout_seconds: float = 10.0
+
+    @classmethod
+    def of(cls, tools: Iterable[Tool], timeout_seconds: float = 10.0) -> "ToolRegistry":
+        """A registry holding `tools`."""
+        registry = cls(timeout_seconds=timeout_seconds)
+        for tool in tools:
+            registry.register(tool)
+        return registry
+
+    def register(self, tool: Tool) -> None:
+        """Add a tool; two tools with one name is a programming error."""
+        if tool.name in self.tools:
+            raise ValueError(f"tool {tool.name!r} is registered twice")
+        self.tools[tool.name] = tool
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self.tools.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tools
+
+    def get(self, name: str) -> Tool | None:
+        """The tool called `name`, or None."""
+        return self.tools.get(name)
+
+    @property
+    def names(self) -> list[str]:
+        """Tool names in registration order."""
+        return list(self.tools)
+
+    async def call(self, name: str, arguments: Any, allowed: Iterable[str] | None = None) -> ToolResult:
+        """Run tool `name` with `arguments`; every failure comes back as a readable result, never raised."""
+        started = time.perf_counter()
+        tool = self.tools.get(name)
+        if tool is None or (allowed is not None and name not in set(allowed)):
+            available = ", ".join(allowed if allowed is not None else self.names) or "none"
+            return ToolResult(name, arguments, f"Error: there is no tool named {name!r}. Available tools: {available}.",
+                              "unknown_tool")
+        problem = validation_problem(tool, arguments)
+        if problem:
+            return ToolResult(name, arguments, f"Error: invalid arguments for {name}: {problem}", "invalid_arguments")
+        output, error = await self._run(tool, arguments)
+        return ToolResult(name, arguments, output, error, int((time.perf_counter() - started) * 1000))
+
+    async def _run(self, tool: Tool, arguments: dict[str, Any]) -> tuple[str, str | None]:
+        try:
+            output = await asyncio.wait_for(tool.function(**arguments), self.timeout_seconds)
+        except asyncio.TimeoutError:
+            return f"Error: {tool.name} did not finish within {self.timeout_seconds:g} seconds.", "timeout"
+        except ToolError as error:
+            return f"Error: {error}", "tool_error"
+        except Exception as error:  # the tool's failure is the model's observation, and our log line
+            log.warning("tool %s failed: %r", tool.name, error, exc_info=True)
+            return f"Error: {tool.name} failed: {type(error).__name__}: {error}", "exception"
+        return (output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)), None
+
+
+def validation_problem(tool: Tool, arguments: Any) -> str | None:
+    """Why `arguments` do not fit the tool's schema (the first reason, in words), or None when they fit."""
+    if not isinstance(arguments, dict):
+        return f"expected a JSON object, got {type(arguments).__name__}"
+    error = best_match(Draft202012Validator(tool.parameters).iter_errors(arguments))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else error.message

@@ -1,0 +1,59 @@
+"""Which tools are enabled where, persisted in `tool_settings`.
+
+A chat's own setting wins over the global one, which wins over the tool's default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from migrations import Database
+from tools.registry import Tool, ToolRegistry
+
+GLOBAL = "global"
+
+
+@dataclass(frozen=True)
+class ToolState:
+    """A tool's effective state in one chat, and where it comes from."""
+
+    tool: Tool
+    enabled: bool
+    source: str  # "chat", "global" or "default"
+
+
+class ToolSettings:
+    """Enable and disable tools globally or per chat."""
+
+    def __init__(self, db: Database, registry: ToolRegistry):
+        self.db = db
+        self.registry = registry
+
+    async def states(self, chat_key: str) -> list[ToolState]:
+        """Every registered tool's effective state in the chat `chat_key`."""
+        rows = await self.db.fetchall(
+            "SELECT scope, tool_name, enabled FROM tool_settings WHERE scope IN (?, ?)", (GLOBAL, chat_key))
+        chosen = {(scope, name): bool(enabled) for scope, name, enabled in rows}
+        return [self._state(tool, chosen, chat_key) for tool in self.registry]
+
+    @staticmethod
+    def _state(tool: Tool, chosen: dict[tuple[str, str], bool], chat_key: str) -> ToolState:
+        for scope, source in ((chat_key, "chat"), (GLOBAL, "global")):
+            if (scope, tool.name) in chosen:
+                return ToolState(tool, chosen[(scope, tool.name)], source)
+        return ToolState(tool, tool.enabled_by_default, "default")
+
+    async def enabled_tools(self, chat_key: str) -> list[Tool]:
+        """The tools the model may use in the chat `chat_key`."""
+        return [state.tool for state in await self.states(chat_key) if state.enabled]
+
+    async def set_enabled(self, tool_name: str, enabled: bool, scope: str = GLOBAL) -> None:
+        """Turn a tool on or off for `scope` (a chat key, or GLOBAL); unknown names are refused."""
+        if tool_name not in self.registry:
+            raise KeyError(tool_name)
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO tool_settings (scope, tool_name, enabled) VALUES (?, ?, ?) "
+                "ON CONFLICT (scope, tool_name) DO UPDATE SET enabled = excluded.enabled, "
+                "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+                (scope, tool_name, int(enabled)))
