@@ -1,0 +1,242 @@
+"""A small OpenAI-compatible HTTP server on 127.0.0.1 for tests: real sockets, scripted answers.
+
+    with FakeOpenAIServer() as server:
+        server.add(error(500), text("Thought: ...Observation: ignored"), HANG)
+        llm = OpenAILLM(base_url=server.base_url, model="fake-qwen")
+        ...
+        assert server.chat_requests[0].body["stop"] == ["Observation:"]
+
+It serves `GET /v1/models` and `POST /v1/chat/completions`. Each chat request takes the next scripted `Reply`: a
+text answer (trimmed at the request's first `stop` string, as real servers do), tool calls, an error status (with
+headers such as Retry-After), or a hang that never answers. Every request is recorded, with the time it arrived,
+and the server counts how many chat requests it was handling at once (`max_in_flight`), so tests can check
+concurrency by what the server saw rather than by timing alone.
+
+The stdlib `ThreadingHTTPServer` runs in a background thread, one thread per connection: blocking and simple, and
+enough for a handful of concurrent requests.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CHAT_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer to a chat request."""
+
+    status: int = 200
+    text: str = ""
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    hang: bool = False
+    finish_reason: str | None = None
+
+
+HANG = Reply(hang=True)
+
+
+def text(content: str, *, delay: float = 0.0, finish_reason: str | None = None) -> Reply:
+    """A plain text answer, as the model would write it (the server trims it at the request's stop strings)."""
+    return Reply(text=content, delay=delay, finish_reason=finish_reason)
+
+
+def tool_call(name: str, arguments: dict[str, Any] | str, *, call_id: str = "call_1", content: str = "") -> Reply:
+    """An answer carrying one native tool call, arguments as the JSON text servers send."""
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": raw}}
+    return Reply(text=content, tool_calls=(call,))
+
+
+def error(status: int, message: str = "", *, retry_after: float | None = None) -> Reply:
+    """An error status with an OpenAI-shaped body; `retry_after` sets the Retry-After header (seconds)."""
+    headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else {}
+    return Reply(status=status, text=message or f"fake error {status}", headers=headers)
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the server received it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    received_at: float  # time.monotonic()
+
+
+class FakeOpenAIServer:
+    """An OpenAI-compatible server on a free port of 127.0.0.1, answering from a queue of `Reply`s."""
+
+    def __init__(self, model: str = "fake-qwen") -> None:
+        self.model = model
+        self.requests: list[RecordedRequest] = []
+        self.max_in_flight = 0
+        self._replies: list[Reply] = []
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd.daemon_threads = True
+        self._httpd.fake = self  # type: ignore[attr-defined]
+        # A short poll interval makes stop() quick: shutdown() waits for serve_forever's next poll.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-openai", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+        return self._httpd.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        """What OPENAI_BASE_URL should be to reach this server."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def chat_requests(self) -> list[RecordedRequest]:
+        """Only the chat-completion requests, in arrival order."""
+        return [r for r in self.requests if r.path == CHAT_PATH]
+
+    def add(self, *replies: Reply | str) -> None:
+        """Queue answers for the next chat requests; a plain string is a text answer."""
+        with self._lock:
+            self._replies.extend(text(r) if isinstance(r, str) else r for r in replies)
+
+    def start(self) -> "FakeOpenAIServer":
+        """Start serving in a background thread."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Release hanging requests and stop serving."""
+        self._stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeOpenAIServer":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def _next_reply(self) -> Reply:
+        with self._lock:
+            if self._replies:
+                return self._replies.pop(0)
+        # x-should-retry: false keeps the client from retrying, so a test missing a reply fails at once.
+        return Reply(status=500, text="fake server: no scripted reply left", headers={"x-should-retry": "false"})
+
+    def _enter_request(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+
+    def _leave_request(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects from real servers
+
+    @property
+    def fake(self) -> FakeOpenAIServer:
+        return self.server.fake  # type: ignore[attr-defined]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
+        """Stay quiet: tests assert on recorded requests, not on logs."""
+
+    def do_GET(self) -> None:
+        """GET /v1/models lists the one model this server pretends to serve."""
+        self._record(body=None)
+        if self.path != MODELS_PATH:
+            return self._send_json(404, _error_body(404, f"no route {self.path}"))
+        model = {"id": self.fake.model, "object": "model", "created": 0, "owned_by": "fake"}
+        self._send_json(200, {"object": "list", "data": [model]})
+
+    def do_POST(self) -> None:
+        """POST /v1/chat/completions answers with the next scripted reply."""
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
+        self._record(body=body)
+        if self.path != CHAT_PATH:
+            return self._send_json(404, _error_body(404, f"no route {self.path}"))
+        self.fake._enter_request()
+        try:
+            self._answer(self.fake._next_reply(), body)
+        finally:
+            self.fake._leave_request()
+
+    def _answer(self, reply: Reply, request: dict[str, Any]) -> None:
+        if reply.hang:
+            self.fake._stopping.wait()  # never answer; the server's stop() lets the thread go
+            self.close_connection = True
+            return
+        if reply.delay and self.fake._stopping.wait(reply.delay):
+            return
+        if reply.status != 200:
+            return self._send_json(reply.status, _error_body(reply.status, reply.text), reply.headers)
+        self._send_json(200, _completion_body(reply, request), reply.headers)
+
+    def _record(self, body: Any) -> None:
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        self.fake._record(RecordedRequest(self.command, self.path, headers, body, time.monotonic()))
+
+    def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _error_body(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error",
+                      "code": status}}
+
+
+def _completion_body(reply: Reply, request: dict[str, Any]) -> dict[str, Any]:
+    content, stopped = _trim_at_stop(reply.text, request.get("stop"))
+    finish_reason = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reply.tool_calls:
+        message["tool_calls"] = list(reply.tool_calls)
+    # Usage counts characters, not tokens: enough for tests to see the server's numbers pass through.
+    prompt_chars = sum(len(str(m.get("content") or "")) for m in request.get("messages", []))
+    return {
+        "id": f"chatcmpl-{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.get("model", ""),
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop" if stopped else finish_reason}],
+        "usage": {"prompt_tokens": prompt_chars, "completion_tokens": len(content),
+                  "total_tokens": prompt_chars + len(content)},
+    }
+
+
+def _trim_at_stop(content: str, stop: str | list[str] | None) -> tuple[str, bool]:
+    """Cut before the earliest stop string, as vLLM and OpenAI do (the stop string is not returned).
+
+    Written here rather than imported from `agent.llm.base`: the fake must not share code with what it tests.
+    """
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    cuts = [index for s in stops if s and (index := content.find(s)) >= 0]
+    return (content[: min(cuts)], True) if cuts else (content, False)

@@ -1,0 +1,233 @@
+"""The OpenAI-compatible backend against a real HTTP server on 127.0.0.1 (tests/fakes/openai_server.py).
+
+Each test asserts on what the server received and what the caller got back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import pytest
+
+from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.llm import build_llm
+from agent.llm.base import CancelToken, ToolCall
+from agent.llm.openai import OpenAILLM
+from bot.config import Settings
+from tests.fakes.openai_server import HANG, FakeOpenAIServer, error, text, tool_call
+
+REACT_STOP = ["Observation:"]
+COURSE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "course_lookup",
+        "description": "Look up a course by name.",
+        "parameters": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    },
+}
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAIServer() as fake:
+        yield fake
+
+
+def make_llm(server: FakeOpenAIServer, **overrides) -> OpenAILLM:
+    options = {"base_url": server.base_url, "model": "fake-qwen", "timeout_seconds": 10.0, "max_retries": 3}
+    return OpenAILLM(**{**options, **overrides})
+
+
+@pytest.fixture
+async def llm(server):
+    backend = make_llm(server)
+    yield backend
+    await backend.close()
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def user(content: str) -> dict:
+    return {"role": "user", "content": content}
+
+
+async def test_react_continuation_folds_the_assistant_prefix_into_the_user_message(server, llm):
+    trace = "Thought: 我应该查课程。\nAction: course_lookup\nAction Input: {\"name\": \"大模型技术实战\"}\n" \
+            "Observation: {\"课时\": 200}\nThought:"
+    server.add(" I now know the final answer\nFinal Answer: 200")
+    messages = [{"role": "system", "content": "You are helpful."}, user("Question: 多少节？"),
+                {"role": "assistant", "content": trace}]
+
+    completion = await llm.complete(messages, stop=REACT_STOP, max_new_tokens=64)
+
+    assert completion.text == " I now know the final answer\nFinal Answer: 200"
+    sent = server.chat_requests[0].body
+    assert sent["messages"] == [{"role": "system", "content": "You are helpful."},
+                                {"role": "user", "content": "Question: 多少节？\n" + trace}]
+    assert sent["stop"] == REACT_STOP
+    assert sent["max_tokens"] == 64
+    assert sent["model"] == "fake-qwen"
+
+
+async def test_generation_ends_at_the_stop_string_which_is_not_returned(server, llm):
+    server.add("Thought: look it up\nAction: course_lookup\nAction Input: {}\nObservation: invented result")
+
+    completion = await llm.complete([user("Question: ?")], stop=REACT_STOP)
+
+    assert completion.text == "Thought: look it up\nAction: course_lookup\nAction Input: {}\n"
+    assert completion.finish_reason == "stop"
+    assert completion.completion_tokens == len(completion.text)  # the server's usage is passed through
+
+
+async def test_hitting_the_token_limit_is_reported_as_length(server, llm):
+    server.add(text("Thought: a long", finish_reason="length"))
+
+    completion = await llm.complete([user("Question: ?")], stop=REACT_STOP, max_new_tokens=4)
+
+    assert completion.finish_reason == "length"
+    assert server.chat_requests[0].body["max_tokens"] == 4
+
+
+async def test_two_server_errors_then_an_answer_gives_the_answer_after_growing_backoff(server, llm):
+    server.add(error(500), error(502), "Final Answer: 200")
+
+    completion = await llm.complete([user("Question: ?")])
+
+    assert completion.text == "Final Answer: 200"
+    arrivals = [request.received_at for request in server.chat_requests]
+    assert len(arrivals) == 3
+    first_wait, second_wait = arrivals[1] - arrivals[0], arrivals[2] - arrivals[1]
+    assert 0.3 < first_wait < second_wait  # exponential backoff: the second wait is the longer
+
+
+async def test_rate_limit_waits_as_long_as_retry_after_says(server, llm):
+    server.add(error(429, "slow down", retry_after=1), "Final Answer: 200")
+
+    completion = await llm.complete([user("Question: ?")])
+
+    assert completion.text == "Final Answer: 200"
+    first, second = server.chat_requests
+    assert second.received_at - first.received_at >= 0.95  # the client's own first backoff would be ≤ 0.5 s
+
+
+async def test_a_server_that_never_answers_times_out_with_a_clear_message(server):
+    llm = make_llm(server, timeout_seconds=0.5, max_retries=3)
+    server.add(HANG, HANG, HANG, HANG)
+    started = time.monotonic()
+
+    with pytest.raises(LLMTimeout) as raised:
+        await llm.complete([user("Question: ?")])
+
+    assert time.monotonic() - started < 1.5  # one deadline for the call, not one per retry
+    assert str(raised.value) == f"model server at {server.base_url} did not answer within 0.5 s"
+    await llm.close()
+
+
+async def test_a_client_error_becomes_one_line_with_status_and_message_and_no_api_key(server):
+    llm = make_llm(server, api_key="sk-very-secret-key")
+    server.add(error(400, "Incorrect API key provided: sk-very-secret-key.\nSee the docs."))
+
+    with pytest.raises(LLMError) as raised:
+        await llm.complete([user("Question: ?")])
+
+    message = str(raised.value)
+    assert message == f"model server at {server.base_url} answered 400: Incorrect API key provided: ***. See the docs."
+    assert len(server.chat_requests) == 1  # a 400 is not retried
+    assert server.chat_requests[0].headers["authorization"] == "Bearer sk-very-secret-key"
+    await llm.close()
+
+
+async def test_native_mode_passes_tools_and_returns_the_parsed_tool_calls(server, llm):
+    server.add(tool_call("course_lookup", {"name": "大模型技术实战"}, call_id="call_abc"))
+
+    completion = await llm.complete([user("多少节？")], tools=[COURSE_TOOL])
+
+    assert server.chat_requests[0].body["tools"] == [COURSE_TOOL]
+    assert completion.tool_calls == (
+        ToolCall(name="course_lookup", arguments='{"name": "大模型技术实战"}', id="call_abc"),
+    )
+
+
+async def test_native_history_is_sent_with_json_arguments_and_matching_ids(server, llm):
+    server.add("大模型技术实战一共 200 节。")
+    messages = [
+        user("多少节？"),
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "course_lookup", "arguments": {"name": "大模型"}}},
+        ]},
+        {"role": "tool", "name": "course_lookup", "content": {"课时": 200}},
+    ]
+
+    completion = await llm.complete(messages, tools=[COURSE_TOOL])
+
+    assert completion.text == "大模型技术实战一共 200 节。"
+    assistant, tool = server.chat_requests[0].body["messages"][1:]
+    call = assistant["tool_calls"][0]
+    assert call["function"] == {"name": "course_lookup", "arguments": '{"name": "大模型"}'}
+    assert call["id"] and tool["tool_call_id"] == call["id"]
+    assert json.loads(tool["content"]) == {"课时": 200}
+
+
+async def test_many_requests_are_in_flight_at_once(server, llm):
+    server.add(*[text("Final Answer: ok", delay=0.3) for _ in range(8)])
+
+    completions = await asyncio.gather(*[llm.complete([user(f"Question {n}")]) for n in range(8)])
+
+    assert [c.text for c in completions] == ["Final Answer: ok"] * 8
+    assert server.max_in_flight == 8  # the server held all eight at the same time
+
+
+async def test_cancelling_a_waiting_request_raises_cancelled_promptly(server, llm):
+    server.add(HANG)
+    cancel = CancelToken()
+    asyncio.get_running_loop().call_later(0.2, cancel.cancel)
+    started = time.monotonic()
+
+    with pytest.raises(LLMCancelled):
+        await llm.complete([user("Question: ?")], cancel=cancel)
+
+    assert time.monotonic() - started < 1.0
+    assert len(server.chat_requests) == 1
+
+
+async def test_start_checks_the_model_list(server, llm):
+    await llm.start()
+
+    assert [(r.method, r.path) for r in server.requests] == [("GET", "/v1/models")]
+
+
+async def test_start_against_an_unreachable_server_fails_in_one_clear_line():
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    llm = OpenAILLM(base_url=url, model="fake-qwen", timeout_seconds=10.0)
+    started = time.monotonic()
+
+    with pytest.raises(LLMError) as raised:
+        await llm.start()
+
+    message = str(raised.value)
+    assert message.startswith(f"cannot reach the model server at {url}: ")
+    assert "\n" not in message
+    assert time.monotonic() - started < 3.0  # no retries at start-up
+    await llm.close()
+
+
+async def test_build_llm_makes_the_openai_backend_from_settings(server, tmp_path):
+    settings = Settings(llm_backend="openai", openai_base_url=server.base_url, model="Qwen/Qwen2.5-7B-Instruct",
+                        tokenizer_vocab_path=tmp_path / "absent.tiktoken")
+    llm = build_llm(settings)
+    server.add("hello")
+
+    await llm.complete([user("hi")])
+
+    assert isinstance(llm, OpenAILLM)
+    assert server.chat_requests[0].body["model"] == "Qwen/Qwen2.5-7B-Instruct"  # OPENAI_MODEL empty: MODEL
+    assert llm.count_tokens("hello world") > 0
+    await llm.close()
