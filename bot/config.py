@@ -15,6 +15,7 @@ from dotenv import load_dotenv
 
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class ConfigError(ValueError):
@@ -77,10 +78,15 @@ class Settings:
         """Refuse values that parse but make no sense, naming the variable."""
         _one_of("LLM_BACKEND", self.llm_backend, LLM_BACKENDS)
         _one_of("AGENT_MODE", self.agent_mode, AGENT_MODES)
+        # logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here.
+        _one_of("LOG_LEVEL", self.log_level.upper(), LOG_LEVELS)
+        if self.webhook_port > 65535:
+            raise ConfigError(f"WEBHOOK_PORT must be at most 65535, got {self.webhook_port}")
         for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
                      "observation_max_chars", "webhook_port"):
             _positive(name.upper(), getattr(self, name))
-        for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds"):
+        for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
+                     "typing_interval_seconds"):
             _positive(name.upper(), getattr(self, name))
         if self.openai_max_retries < 0:
             raise ConfigError("OPENAI_MAX_RETRIES must be 0 or more, got %d" % self.openai_max_retries)
@@ -125,5 +131,5 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def _positive(name: str, value: float) -> None:
-    if value <= 0:
+    if not value > 0:  # also refuses NaN, which compares false with everything
         raise ConfigError(f"{name} must be greater than 0, got {value}")

@@ -7,6 +7,7 @@ lock so that two coroutines never interleave statements inside one transaction.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable
@@ -14,6 +15,10 @@ from typing import Any, AsyncIterator, Iterable
 import aiosqlite
 
 from migrations.runner import MIGRATIONS_FOLDER, apply_migrations
+
+
+class DatabaseOpenError(OSError):
+    """The file at the database path cannot be used: a folder, not an SQLite file, or not writable."""
 
 
 class Database:
@@ -61,14 +66,25 @@ async def open_database(path: str | Path, *, busy_timeout_seconds: float = 10.0,
     if str(path) != ":memory:":
         path.parent.mkdir(parents=True, exist_ok=True)
     # `timeout` is sqlite3's busy timeout: how long a statement waits for another process's lock.
-    conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout_seconds)
+    try:
+        conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout_seconds)
+    except sqlite3.Error as error:
+        raise DatabaseOpenError(f"cannot open the database {path}: {error}") from error
     conn.row_factory = aiosqlite.Row
     try:
-        await conn.execute("PRAGMA journal_mode = WAL")
-        await conn.execute("PRAGMA foreign_keys = ON")
+        await _configure(conn, path)
         database = Database(conn, path)
         database.applied = await apply_migrations(conn, migrations_folder)
     except BaseException:
         await conn.close()
         raise
     return database
+
+
+async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
+    # The first statements are where a folder, or a file that is not SQLite, shows itself: a user's mistake.
+    try:
+        await conn.execute("PRAGMA journal_mode = WAL")
+        await conn.execute("PRAGMA foreign_keys = ON")
+    except sqlite3.Error as error:
+        raise DatabaseOpenError(f"cannot open the database {path}: {error}") from error

@@ -15,7 +15,8 @@ from tools.errors import CalculationError
 from tools.registry import Tool
 
 MAX_EXPRESSION_LENGTH = 200
-MAX_DEPTH = 30
+# Deep enough for any sum of many terms that fits MAX_EXPRESSION_LENGTH (a+b+c... nests one level per +).
+MAX_DEPTH = 100
 MAX_EXPONENT = 100
 MAX_MAGNITUDE = 1e100
 

@@ -23,7 +23,8 @@ FIELDS = {"lessons": int, "updates_per_week": int, "hours_per_update": float}
 FIELD_LABELS = {"lessons": "课时", "updates_per_week": "每周更新次数", "hours_per_update": "每次更新小时"}
 MAX_NAME_LENGTH = 100
 MAX_FIELD_VALUE = 100_000
-MATCH_THRESHOLD = 0.6
+# Above 2/3, so names sharing only a suffix (强化学习实战 vs 机器学习实战: 0.67) do not match; typos (0.83) do.
+MATCH_THRESHOLD = 0.7
 # Words people add around a course name that are not part of it.
 _FILLER = re.compile(r"(课程|课|course|class)$", re.IGNORECASE)
 _NOT_WORD = re.compile(r"[\W_]+", re.UNICODE)

@@ -120,8 +120,9 @@ class ToolRegistry:
     async def call(self, name: str, arguments: Any, allowed: Iterable[str] | None = None) -> ToolResult:
         """Run tool `name` with `arguments`; every failure comes back as a readable result, never raised."""
         started = time.perf_counter()
+        allowed = None if allowed is None else list(allowed)  # a generator would be spent by the check
         tool = self.tools.get(name)
-        if tool is None or (allowed is not None and name not in set(allowed)):
+        if tool is None or (allowed is not None and name not in allowed):
             available = ", ".join(allowed if allowed is not None else self.names) or "none"
             return ToolResult(name, arguments, f"Error: there is no tool named {name!r}. Available tools: {available}.",
                               "unknown_tool")
