@@ -85,7 +85,7 @@ class FakeOpenAIServer:
         self._in_flight = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.daemon_threads = True
         self._httpd.fake = self  # type: ignore[attr-defined]
         # A short poll interval makes stop() quick: shutdown() waits for serve_forever's next poll.
@@ -150,6 +150,12 @@ class FakeOpenAIServer:
     def _leave_request(self) -> None:
         with self._lock:
             self._in_flight -= 1
+
+
+class _Server(ThreadingHTTPServer):
+    # The stdlib's listen backlog of 5 drops simultaneous connections beyond it, and a dropped SYN is retried
+    # only after a second: tests that open many connections at once need room for them all.
+    request_queue_size = 128
 
 
 class _Handler(BaseHTTPRequestHandler):
