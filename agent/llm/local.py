@@ -1,0 +1,172 @@
+"""The local backend (`LLM_BACKEND=local`): a transformers model on this machine, served by one model thread.
+
+`MODEL` is a Hugging Face hub id (`Qwen/Qwen2.5-1.5B-Instruct`), a local folder holding one, or a `.gguf` file
+(transformers de-quantizes it with the `gguf` package). Loading happens on the model thread (see `worker.py`); the
+event loop only awaits it. Token counting uses a second tokenizer instance that stays on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from agent.errors import LLMError, ModelLoadError
+from agent.llm.base import LLM, CancelToken, Completion, Message
+from agent.llm.worker import Job, LoadedModel, ModelWorker
+
+if TYPE_CHECKING:
+    from bot.config import Settings
+
+log = logging.getLogger(__name__)
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where `MODEL` points: what to hand `from_pretrained`, and the GGUF file inside it if any."""
+
+    setting: str  # MODEL exactly as configured, for error messages
+    location: str  # a hub id or a folder
+    gguf_file: str | None = None
+
+
+def resolve_model(setting: str) -> ModelSource:
+    """Tell a `.gguf` file, a local folder and a hub id apart; a missing local path is a `ModelLoadError`."""
+    path = Path(setting).expanduser()
+    if setting.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"MODEL {setting}: no such file")
+        return ModelSource(setting, str(path.parent), path.name)
+    if path.is_dir():
+        return ModelSource(setting, str(path))
+    if _HUB_ID.match(setting) and not setting.startswith("."):
+        return ModelSource(setting, setting)
+    raise ModelLoadError(f"MODEL {setting}: no such file or folder (nor a hub id like Qwen/Qwen2.5-1.5B-Instruct)")
+
+
+def choose_dtype(setting: str, cuda: bool) -> Any:
+    """The torch dtype for MODEL_DTYPE; `auto` means bf16 on a GPU and fp32 on a CPU.
+
+    Why fp32 on a CPU: measured on the 2-core box (SmolLM2-135M, 8 prompts × 32 greedy tokens), a padded fp32
+    batch gave exactly the tokens each prompt gave alone, while bf16 changed 2 of 8 outputs (bf16 rounding flips
+    near-tied greedy choices when the batch shape changes). bf16 was ~1.5× faster; set MODEL_DTYPE=bfloat16 to
+    trade that exactness for speed. On a GPU bf16 is what serving uses: its kernels are not batch-invariant in
+    any dtype, so fp32 would cost memory and speed without buying exactness.
+    """
+    import torch
+
+    check_dtype_setting(setting)
+    if setting == "auto":
+        return torch.bfloat16 if cuda else torch.float32
+    return getattr(torch, setting)
+
+
+def check_dtype_setting(setting: str) -> None:
+    """Refuse an unknown MODEL_DTYPE before anything slow happens."""
+    if setting not in DTYPES:
+        raise ModelLoadError(f"MODEL_DTYPE must be one of {', '.join(DTYPES)}, got {setting!r}")
+
+
+def load_model(source: ModelSource, device_map: str, dtype_setting: str) -> LoadedModel:
+    """Load tokenizer and model (on the model thread); every failure becomes one clear `ModelLoadError` line."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    options: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
+        check_chat_template(source, tokenizer)
+        model = AutoModelForCausalLM.from_pretrained(
+            source.location, dtype=choose_dtype(dtype_setting, torch.cuda.is_available()),
+            device_map=device_map or None, **options)
+    except ModelLoadError:
+        raise
+    except Exception as error:
+        raise ModelLoadError(f"MODEL {source.setting}: cannot load it: {_first_line(error)}") from error
+    model.eval()
+    log.info("loaded %s (%s on %s)", source.setting, model.dtype, model.device)
+    return LoadedModel(model, tokenizer)
+
+
+def check_chat_template(source: ModelSource, tokenizer: Any) -> None:
+    """A base model without a chat template cannot hold a conversation: refuse it at start-up."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(f"MODEL {source.setting}: its tokenizer has no chat template; use an instruct/chat model")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
+
+
+class LocalLLM(LLM):
+    """A transformers model on this machine; `complete` calls from all chats are batched on the model thread."""
+
+    name = "local"
+
+    def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
+                 min_new_tokens: int = 0):
+        self.model_setting = model
+        self.device_map = device_map
+        self.dtype = dtype
+        self.batch_size = batch_size
+        self.min_new_tokens = min_new_tokens  # benchmarks only: fixed-length generations
+        self._worker: ModelWorker | None = None
+        self._counter: Any = None  # the event loop's own tokenizer, for count_tokens
+
+    @classmethod
+    def from_settings(cls, settings: "Settings") -> "LocalLLM":
+        """Build from MODEL, MODEL_DEVICE_MAP, MODEL_DTYPE and BATCH_SIZE; nothing loads until `start()`."""
+        return cls(settings.model, device_map=settings.model_device_map,
+                   dtype=getattr(settings, "model_dtype", "auto"), batch_size=settings.batch_size)
+
+    async def start(self) -> None:
+        """Load the model on its thread and wait for it; raises `ModelLoadError` with one clear line."""
+        source = resolve_model(self.model_setting)
+        check_dtype_setting(self.dtype)
+        worker = ModelWorker(lambda: load_model(source, self.device_map, self.dtype),
+                             batch_size=self.batch_size, min_new_tokens=self.min_new_tokens)
+        loaded = await worker.start()
+        # A copy of the tokenizer is a separate Rust object, so the loop and the model thread never share one.
+        self._counter = copy.deepcopy(loaded.tokenizer)
+        self._worker = worker
+
+    async def close(self) -> None:
+        """Cancel what is in flight and stop the model thread."""
+        if self._worker is not None:
+            await self._worker.close()
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        stop: Sequence[str] = (),
+        max_new_tokens: int = 512,
+        tools: Sequence[dict[str, Any]] | None = None,
+        cancel: CancelToken | None = None,
+    ) -> Completion:
+        """Queue the request for the next batch and await its row; cancelling the awaiting task cancels the row."""
+        if self._worker is None:
+            raise LLMError("the local model is not started")
+        loop = asyncio.get_running_loop()
+        job = Job(list(messages), tuple(stop), max_new_tokens, list(tools) if tools else None,
+                  loop, loop.create_future(), caller_cancel=cancel)
+        self._worker.submit(job)
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.own_cancel.cancel()  # the row stops at its next step; the other rows go on
+            raise
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` for this model, counted with the event loop's own tokenizer."""
+        if self._counter is None:
+            raise LLMError("the local model is not started")
+        return len(self._counter.encode(text, add_special_tokens=False))

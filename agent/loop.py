@@ -1,0 +1,212 @@
+"""The agent: one bounded loop from a question to an answer, recording a typed step per iteration.
+
+Model calls are awaited (the model works elsewhere: its own thread, or a server); tools run on the event loop
+through the registry, which turns every tool failure into an observation. Errors of the model's making go back to
+the model; failures it cannot fix (the backend failing, a time-out, /cancel) propagate as `LLMError`s, after the
+failed turn's trace is stored for /stats. Only a finished turn reaches the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable, Sequence
+
+from agent.conversations import Conversation, arguments_key, start_conversation
+from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.llm.base import LLM, CancelToken, Completion
+from agent.memory import Memory, Session, TurnRecord, utc_now
+from agent.prompts import REPEATED_CALL_NOTE, apology, format_reminder
+from agent.steps import FinalAnswer, FormatProblem, Step, ToolRequest, TurnResult
+from tools.registry import Tool, ToolRegistry
+from tools.settings import ToolSettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Agent", "AgentLimits", "Session", "TurnResult"]
+
+Progress = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    """The agent's limits (from Settings)."""
+
+    max_steps: int = 6
+    max_new_tokens: int = 512
+    history_token_budget: int = 2000
+    observation_max_chars: int = 2000
+    turn_timeout_seconds: float = 180.0
+    mode: str = "react"
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "AgentLimits":
+        """Read the limits from a `Settings`."""
+        return cls(settings.max_steps, settings.max_new_tokens, settings.history_token_budget,
+                   settings.observation_max_chars, settings.turn_timeout_seconds, settings.agent_mode)
+
+
+@dataclass
+class TurnState:
+    """What one turn has done so far (kept outside the loop so a failed turn can still be recorded)."""
+
+    tools: list[Tool]
+    cancel: CancelToken
+    on_progress: Progress | None
+    steps: list[Step] = field(default_factory=list)
+    seen: dict[str, str] = field(default_factory=dict)
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    format_problems: int = 0
+
+    def record(self, kind: str, **fields: Any) -> Step:
+        """Append a step of `kind`."""
+        step = Step(position=len(self.steps) + 1, kind=kind, **fields)
+        self.steps.append(step)
+        return step
+
+    def result(self, answer: str, status: str, started: float) -> TurnResult:
+        """The turn's outcome."""
+        return TurnResult(answer, list(self.steps), status, None, self.model_calls, self.prompt_tokens,
+                          self.completion_tokens, int((time.perf_counter() - started) * 1000))
+
+
+class Agent:
+    """Answers questions with a model and tools, remembering each session's turns."""
+
+    def __init__(self, llm: LLM, registry: ToolRegistry, tool_settings: ToolSettings, memory: Memory,
+                 limits: AgentLimits = AgentLimits()):
+        self.llm = llm
+        self.registry = registry
+        self.tool_settings = tool_settings
+        self.memory = memory
+        self.limits = limits
+
+    async def run(self, session: Session, question: str, *, user_id: int | None = None,
+                  source_key: str | None = None, on_progress: Progress | None = None,
+                  cancel: CancelToken | None = None) -> TurnResult:
+        """Answer `question` in `session`; store the finished turn; return the answer and its steps."""
+        started, started_at = time.perf_counter(), utc_now()
+        state = TurnState(await self.tool_settings.enabled_tools(session.chat_key), cancel or CancelToken(), on_progress)
+        history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
+        conversation = start_conversation(self.limits.mode, history, question, state.tools)
+        record = TurnRecord(question, state.result("", "", started), started_at, self.limits.mode, user_id, source_key)
+        try:
+            result = await self._run_bounded(conversation, state, question, started)
+        except (LLMError, asyncio.CancelledError) as error:
+            await self._store_failure(session, record, state, started, error)
+            raise
+        turn_id = await self.memory.save_turn(session, replace(record, result=result))
+        return replace(result, turn_id=turn_id)
+
+    async def _run_bounded(self, conversation: Conversation, state: TurnState, question: str,
+                           started: float) -> TurnResult:
+        try:
+            async with asyncio.timeout(self.limits.turn_timeout_seconds):
+                return await self._loop(conversation, state, question, started)
+        except TimeoutError:
+            state.cancel.cancel()
+            raise LLMTimeout(f"the turn took longer than {self.limits.turn_timeout_seconds:g} seconds") from None
+
+    async def _loop(self, conversation: Conversation, state: TurnState, question: str, started: float) -> TurnResult:
+        while state.model_calls < self.limits.max_steps:
+            completion = await self._complete(conversation, state)
+            decision = conversation.read(completion)
+            if isinstance(decision, FinalAnswer):
+                state.record("final", thought=decision.thought, observation=decision.answer)
+                return state.result(decision.answer, "answered", started)
+            if isinstance(decision, FormatProblem):
+                ended = self._on_format_problem(conversation, state, completion, decision, question)
+                if ended is not None:
+                    return state.result(ended, "gave_up", started)
+                continue
+            conversation.add_results(completion, [await self._act(request, state) for request in decision])
+        return await self._final_at_limit(conversation, state, question, started)
+
+    def _on_format_problem(self, conversation: Conversation, state: TurnState, completion: Completion,
+                           problem: FormatProblem, question: str) -> str | None:
+        """Remind the model of the format once; the second time, end the turn (return its answer)."""
+        state.format_problems += 1
+        state.record("format_error", thought=completion.text[:500], error="parse", observation=problem.reason)
+        if state.format_problems >= 2:
+            return problem.usable_text or apology(question, "format")
+        conversation.add_reminder(completion, format_reminder(state.tools))
+        return None
+
+    async def _final_at_limit(self, conversation: Conversation, state: TurnState, question: str,
+                              started: float) -> TurnResult:
+        """One last call asking for the answer from what is known; an honest apology if that gives nothing."""
+        conversation.add_final_request()
+        completion = await self._complete(conversation, state)
+        answer = conversation.read_final(completion)
+        state.record("limit", observation=answer, error=None if answer else "no_answer")
+        return state.result(answer or apology(question, "steps"), "step_limit", started)
+
+    async def _complete(self, conversation: Conversation, state: TurnState) -> Completion:
+        if state.cancel.cancelled:
+            raise LLMCancelled("the turn was cancelled")
+        messages, stop, tools = conversation.request()
+        completion = await self.llm.complete(messages, stop=stop, max_new_tokens=self.limits.max_new_tokens,
+                                             tools=tools, cancel=state.cancel)
+        state.model_calls += 1
+        state.prompt_tokens += completion.prompt_tokens
+        state.completion_tokens += completion.completion_tokens
+        return completion
+
+    async def _act(self, request: ToolRequest, state: TurnState) -> tuple[ToolRequest, str]:
+        """Run (or refuse, or replay) one tool request; record its step; return its observation."""
+        started = time.perf_counter()
+        key = arguments_key(request.tool, request.arguments)
+        kind, error = "tool", None
+        if request.arguments is not None and key in state.seen:
+            kind, observation = "repeated", f"{state.seen[key]}\n{REPEATED_CALL_NOTE.format(tool=request.tool)}"
+        elif request.input_error and request.tool in (t.name for t in state.tools):
+            error, observation = "invalid_arguments", f"Error: {request.input_error}"
+        else:
+            observation, error = await self._call_tool(request, state)
+            if request.arguments is not None:
+                state.seen[key] = observation
+        state.record(kind, thought=request.thought, action=request.tool, action_input=request.raw_input,
+                     observation=observation, error=error, duration_ms=int((time.perf_counter() - started) * 1000))
+        return request, observation
+
+    async def _call_tool(self, request: ToolRequest, state: TurnState) -> tuple[str, str | None]:
+        allowed = [tool.name for tool in state.tools]
+        tool = self.registry.get(request.tool)
+        if tool is not None and request.tool in allowed:
+            await self._announce(state, tool, request.arguments)
+        result = await self.registry.call(request.tool, request.arguments if request.arguments is not None else {},
+                                          allowed=allowed)
+        return truncate(result.output, self.limits.observation_max_chars), result.error
+
+    @staticmethod
+    async def _announce(state: TurnState, tool: Tool, arguments: Any) -> None:
+        """Tell the caller which tool runs now (progress messages); a failing callback never breaks the turn."""
+        if state.on_progress is None:
+            return
+        shown = ", ".join(str(v) for v in arguments.values()) if isinstance(arguments, dict) else str(arguments)
+        try:
+            await state.on_progress(f"{tool.progress}: {shown[:60]}…" if shown else f"{tool.progress}…")
+        except Exception:
+            log.warning("progress callback failed", exc_info=True)
+
+    async def _store_failure(self, session: Session, record: TurnRecord, state: TurnState, started: float,
+                             error: BaseException) -> None:
+        """Keep the failed turn's trace for /trace and /stats; never in the history, never under its source key."""
+        status = "cancelled" if isinstance(error, (LLMCancelled, asyncio.CancelledError)) else "error"
+        result = state.result(f"({type(error).__name__}: {error})", status, started)
+        try:
+            await self.memory.save_turn(session, replace(record, result=result, source_key=None), to_history=False)
+        except Exception:
+            log.warning("could not store the failed turn", exc_info=True)
+
+
+def truncate(text: str, limit: int) -> str:
+    """At most `limit` characters, with a note saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [truncated: {len(text) - limit} more characters]"
+
