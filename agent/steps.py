@@ -69,3 +69,28 @@ class TurnResult:
     def tool_steps(self) -> list[Step]:
         """The steps that ran (or tried to run) a tool."""
         return [step for step in self.steps if step.kind in ("tool", "repeated")]
+
+
+def format_trace(steps: list[Step], observation_chars: int = 300) -> str:
+    """The steps of a turn as plain text, one block per step (for `--trace`, `/trace`)."""
+    if not steps:
+        return "(no steps)"
+    return "\n\n".join(_format_step(step, observation_chars) for step in steps)
+
+
+def _format_step(step: Step, observation_chars: int) -> str:
+    lines = [f"#{step.position} {step.kind}" + (f" ({step.duration_ms} ms)" if step.duration_ms else "")]
+    if step.thought:
+        lines.append(f"Thought: {step.thought}")
+    if step.action:
+        lines.append(f"Action: {step.action}")
+        lines.append(f"Action Input: {step.action_input}")
+    if step.observation:
+        observation = step.observation
+        if len(observation) > observation_chars:
+            observation = observation[:observation_chars] + "…"
+        label = "Answer" if step.kind in ("final", "limit") else "Observation"
+        lines.append(f"{label}: {observation}")
+    if step.error:
+        lines.append(f"Error: {step.error}")
+    return "\n".join(lines)

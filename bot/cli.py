@@ -12,8 +12,12 @@ import logging
 import sys
 from typing import Awaitable, Callable, Sequence
 
-from agent.errors import LLMError
+from agent.errors import LLMError, LLMTimeout
+from agent.memory import Session
+from agent.prompts import apology
+from agent.steps import format_trace
 from bot.config import ConfigError, Settings
+from bot.services import Services, start_services
 from migrations import MigrationError, open_database
 from tools import build_registry
 from tools.settings import GLOBAL, ToolSettings
@@ -88,6 +92,72 @@ def tools_command(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(job)
 
 
+def ask_command(settings: Settings, args: argparse.Namespace) -> int:
+    """One turn: print the final answer (and with --trace, each step first)."""
+    async def job() -> int:
+        services = await start_services(settings)
+        try:
+            result = await services.agent.run(cli_session(args.session), args.question)
+        finally:
+            await services.close()
+        if args.trace:
+            print(format_trace(result.steps), end="\n\n")
+        print(result.answer)
+        return 0
+    return run_async(job)
+
+
+def chat_command(settings: Settings, args: argparse.Namespace) -> int:
+    """An interactive session on the same agent and memory: /reset, /trace, /quit."""
+    async def job() -> int:
+        services = await start_services(settings)
+        print("Ask anything. /reset forgets this session, /trace shows the last turn's steps, /quit leaves.")
+        try:
+            await chat_loop(services, cli_session(args.session))
+        finally:
+            await services.close()
+        return 0
+    return run_async(job)
+
+
+async def chat_loop(services: Services, session: Session) -> None:
+    """Read lines until /quit or end of input; answer each question."""
+    while (line := await read_line("> ")) is not None:
+        text = line.strip()
+        if text in ("/quit", "/exit"):
+            return
+        if text:
+            print(await chat_reply(services, session, text), flush=True)
+
+
+async def chat_reply(services: Services, session: Session, text: str) -> str:
+    """What the terminal shows for one line of input."""
+    if text == "/reset":
+        removed = await services.memory.reset(session.id)
+        return f"History cleared ({removed} messages)."
+    if text == "/trace":
+        turn = await services.memory.last_turn(session.id)
+        return format_trace(turn.steps) if turn else "No turn yet."
+    try:
+        return (await services.agent.run(session, text)).answer
+    except LLMError as error:
+        log.warning("turn failed: %s", error)
+        return apology(text, "timeout" if isinstance(error, LLMTimeout) else "error")
+
+
+async def read_line(prompt: str) -> str | None:
+    """One line from the terminal, read off the event loop; None at end of input."""
+    try:
+        return await asyncio.to_thread(input, prompt)
+    except EOFError:
+        return None
+
+
+def cli_session(session_id: str) -> Session:
+    """A terminal session: its own history, tool settings of the 'cli' chat."""
+    return Session(id=session_id, chat_key="cli", kind="cli")
+
+
 def not_yet(settings: Settings, args: argparse.Namespace) -> int:
     """Placeholder for commands that arrive with later work."""
     print(f"qwenbot {args.command}: not available yet", file=sys.stderr)
@@ -98,8 +168,8 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "migrate": migrate_command,
     "tools": tools_command,
     "run": not_yet,
-    "ask": not_yet,
-    "chat": not_yet,
+    "ask": ask_command,
+    "chat": chat_command,
 }
 
 if __name__ == "__main__":
