@@ -17,7 +17,7 @@ from agent.llm import build_llm
 from agent.llm.base import CancelToken, ToolCall
 from agent.llm.openai import OpenAILLM
 from bot.config import Settings
-from tests.fakes.openai_server import HANG, FakeOpenAIServer, error, text, tool_call
+from tests.fakes.openai_server import DROP, HANG, FakeOpenAIServer, error, text, tool_call
 
 REACT_STOP = ["Observation:"]
 COURSE_TOOL = {
@@ -60,8 +60,8 @@ def user(content: str) -> dict:
 
 
 async def test_react_continuation_folds_the_assistant_prefix_into_the_user_message(server, llm):
-    trace = "Thought: 我应该查课程。\nAction: course_lookup\nAction Input: {\"name\": \"大模型技术实战\"}\n" \
-            "Observation: {\"课时\": 200}\nThought:"
+    trace = ('Thought: 我应该查课程。\nAction: course_lookup\nAction Input: {"name": "大模型技术实战"}\n'
+             'Observation: {"课时": 200}\nThought:')
     server.add(" I now know the final answer\nFinal Answer: 200")
     messages = [{"role": "system", "content": "You are helpful."}, user("Question: 多少节？"),
                 {"role": "assistant", "content": trace}]
@@ -116,6 +116,15 @@ async def test_rate_limit_waits_as_long_as_retry_after_says(server, llm):
     assert completion.text == "Final Answer: 200"
     first, second = server.chat_requests
     assert second.received_at - first.received_at >= 0.95  # the client's own first backoff would be ≤ 0.5 s
+
+
+async def test_a_dropped_connection_is_retried(server, llm):
+    server.add(DROP, "Final Answer: 200")
+
+    completion = await llm.complete([user("Question: ?")])
+
+    assert completion.text == "Final Answer: 200"
+    assert len(server.chat_requests) == 2
 
 
 async def test_a_server_that_never_answers_times_out_with_a_clear_message(server):

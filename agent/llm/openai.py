@@ -172,13 +172,15 @@ class OpenAILLM(LLM):
 
     def _describe_status(self, error: openai.APIStatusError) -> str:
         body = error.body
-        message = body.get("message") if isinstance(body, dict) else body
-        return f"model server at {self.url} answered {error.status_code}: {self._one_line(str(message or error.message))}"
+        message = str((body.get("message") if isinstance(body, dict) else body) or error.message)
+        return f"model server at {self.url} answered {error.status_code}: {self._one_line(message)}"
 
     def _reason(self, error: openai.APIConnectionError) -> str:
         # The client's own text is a bare "Connection error."; the cause (refused, no such host) says more.
         cause = error.__cause__
-        return self._one_line(str(cause) or type(cause).__name__) if cause is not None else self._one_line(error.message)
+        if cause is None:
+            return self._one_line(error.message)
+        return self._one_line(str(cause) or type(cause).__name__)
 
     def _one_line(self, text: str) -> str:
         """Collapse whitespace, cut to a readable length, and never repeat the API key a server echoed back."""

@@ -8,9 +8,9 @@
 
 It serves `GET /v1/models` and `POST /v1/chat/completions`. Each chat request takes the next scripted `Reply`: a
 text answer (trimmed at the request's first `stop` string, as real servers do), tool calls, an error status (with
-headers such as Retry-After), or a hang that never answers. Every request is recorded, with the time it arrived,
-and the server counts how many chat requests it was handling at once (`max_in_flight`), so tests can check
-concurrency by what the server saw rather than by timing alone.
+headers such as Retry-After), a dropped connection, or a hang that never answers. Every request is recorded, with
+the time it arrived, and the server counts how many chat requests it was handling at once (`max_in_flight`), so
+tests can check concurrency by what the server saw rather than by timing alone.
 
 The stdlib `ThreadingHTTPServer` runs in a background thread, one thread per connection: blocking and simple, and
 enough for a handful of concurrent requests.
@@ -39,10 +39,12 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     hang: bool = False
+    drop: bool = False
     finish_reason: str | None = None
 
 
-HANG = Reply(hang=True)
+HANG = Reply(hang=True)  # never answer
+DROP = Reply(drop=True)  # close the connection without answering, as a crashing server does
 
 
 def text(content: str, *, delay: float = 0.0, finish_reason: str | None = None) -> Reply:
@@ -191,6 +193,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, reply: Reply, request: dict[str, Any]) -> None:
         if reply.hang:
             self.fake._stopping.wait()  # never answer; the server's stop() lets the thread go
+            self.close_connection = True
+            return
+        if reply.drop:
             self.close_connection = True
             return
         if reply.delay and self.fake._stopping.wait(reply.delay):
