@@ -15,6 +15,7 @@ from dotenv import load_dotenv
 
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -36,6 +37,7 @@ class Settings:
     llm_backend: str = "local"
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
     model_device_map: str = "auto"
+    model_dtype: str = "auto"
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: str = "EMPTY"
     openai_model: str = ""
@@ -78,6 +80,7 @@ class Settings:
         """Refuse values that parse but make no sense, naming the variable."""
         _one_of("LLM_BACKEND", self.llm_backend, LLM_BACKENDS)
         _one_of("AGENT_MODE", self.agent_mode, AGENT_MODES)
+        _one_of("MODEL_DTYPE", self.model_dtype, MODEL_DTYPES)
         # logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here.
         _one_of("LOG_LEVEL", self.log_level.upper(), LOG_LEVELS)
         if self.webhook_port > 65535:

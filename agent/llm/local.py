@@ -125,7 +125,7 @@ class LocalLLM(LLM):
     def from_settings(cls, settings: "Settings") -> "LocalLLM":
         """Build from MODEL, MODEL_DEVICE_MAP, MODEL_DTYPE and BATCH_SIZE; nothing loads until `start()`."""
         return cls(settings.model, device_map=settings.model_device_map,
-                   dtype=getattr(settings, "model_dtype", "auto"), batch_size=settings.batch_size)
+                   dtype=settings.model_dtype, batch_size=settings.batch_size)
 
     async def start(self) -> None:
         """Load the model on its thread and wait for it; raises `ModelLoadError` with one clear line."""

@@ -221,6 +221,7 @@ class ModelWorker:
         rows = [row for job in jobs if (row := _prepare(loaded.tokenizer, job)) is not None]
         if not rows:
             return
+        log.debug("generating a batch of %d (longest prompt %d tokens)", len(rows), max(len(r.prompt_ids) for r in rows))
         try:
             _generate(loaded, rows, self.min_new_tokens)
         except torch.OutOfMemoryError:
