@@ -70,6 +70,9 @@ def read_arguments(raw: str, tool: Tool | None) -> tuple[Any, str | None]:
     if len(raw) > MAX_INPUT_CHARS:
         return None, f"the Action Input is longer than {MAX_INPUT_CHARS} characters"
     text = strip_fence(raw)
+    if not text:
+        takes_nothing = tool is not None and not tool.parameters.get("required")
+        return ({}, None) if takes_nothing else (None, "the Action Input is empty")
     value, error = _parse(text)
     if isinstance(value, dict):
         if nesting_depth(value) > MAX_NESTING:
@@ -79,14 +82,10 @@ def read_arguments(raw: str, tool: Tool | None) -> tuple[Any, str | None]:
     if single and not text.lstrip().startswith(("{", "[")):
         # A plain string (or a quoted one) for a one-parameter tool: that is what the model meant.
         return {single: value if isinstance(value, str) else text.strip().strip("'\"")}, None
-    if tool is not None and not tool.parameters.get("properties") and not text:
-        return {}, None
     return None, error or f"expected a JSON object, got {type(value).__name__}"
 
 
 def _parse(text: str) -> tuple[Any, str | None]:
-    if not text:
-        return "", "the Action Input is empty"
     for candidate in (text, first_json_object(text)):
         if candidate:
             try:

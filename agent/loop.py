@@ -163,7 +163,7 @@ class Agent:
         kind, error = "tool", None
         if request.arguments is not None and key in state.seen:
             kind, observation = "repeated", f"{state.seen[key]}\n{REPEATED_CALL_NOTE.format(tool=request.tool)}"
-        elif request.input_error and request.tool in (t.name for t in state.tools):
+        elif request.input_error and (not request.tool or request.tool in (t.name for t in state.tools)):
             error, observation = "invalid_arguments", f"Error: {request.input_error}"
         else:
             observation, error = await self._call_tool(request, state)

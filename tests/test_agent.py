@@ -1,0 +1,352 @@
+"""The agent loop with a scripted model: real tools, a real SQLite file, the prompts the model would see."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.llm.base import CancelToken
+from agent.llm.scripted import ScriptedLLM
+from agent.loop import Agent, AgentLimits
+from agent.memory import Memory, Session
+from agent.prompts import REACT_STOP
+from migrations import Database
+from tools.registry import Tool, ToolRegistry
+from tools.settings import ToolSettings
+
+ARTICLE_QUESTION = "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？"
+# A Qwen-shaped trace: what Qwen2.5-Instruct writes for the article's question, stop word included.
+QWEN_LOOKUP = (
+    "Thought: 我应该使用课程信息数据库API来查询大模型技术实战课程的课时。\n"
+    "Action: course_query\n"
+    'Action Input: {"course_name": "大模型技术实战"}\n'
+    "Observation:"
+)
+QWEN_FINAL = " 我现在知道最终答案了。\nFinal Answer: 大模型技术实战课程目前一共上线了200节课。"
+SESSION = Session(id="test:1", chat_key="test")
+
+
+def make_agent(db: Database, registry: ToolRegistry, replies, **limits) -> tuple[Agent, ScriptedLLM]:
+    llm = ScriptedLLM(replies)
+    agent = Agent(llm, registry, ToolSettings(db, registry), Memory(db), AgentLimits(**limits))
+    return agent, llm
+
+
+async def stored_steps(db: Database) -> list[tuple]:
+    rows = await db.fetchall("SELECT kind, action, action_input, error FROM steps ORDER BY turn_id, position")
+    return [tuple(row) for row in rows]
+
+
+async def history_rows(db: Database, session_id: str = SESSION.id) -> list[tuple[str, str]]:
+    rows = await db.fetchall("SELECT role, content FROM messages WHERE session_id = ? ORDER BY id", (session_id,))
+    return [tuple(row) for row in rows]
+
+
+async def test_article_question_is_answered_after_one_lookup(db, registry):
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL])
+    result = await agent.run(SESSION, ARTICLE_QUESTION)
+
+    assert "200" in result.answer
+    assert result.status == "answered"
+    assert [(s.kind, s.action) for s in result.tool_steps] == [("tool", "course_query")]
+    assert await stored_steps(db) == [("tool", "course_query", '{"course_name": "大模型技术实战"}', None),
+                                      ("final", "", "", None)]
+    observation = (await db.fetchone("SELECT observation FROM steps WHERE kind = 'tool'"))[0]
+    assert json.loads(observation)["课时"] == 200
+
+
+async def test_trace_continues_in_the_same_assistant_turn(db, registry):
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL])
+    await agent.run(SESSION, ARTICLE_QUESTION)
+
+    first, second = llm.requests
+    assert first.stop == (REACT_STOP,)
+    assert first.messages[-1]["role"] == "user" and first.messages[-1]["content"].endswith(f"Question: {ARTICLE_QUESTION}")
+    continued = second.messages[-1]
+    assert continued["role"] == "assistant"
+    assert continued["content"].startswith(QWEN_LOOKUP[: -len("\nObservation:")])
+    assert '\nObservation: {"课程名称": "大模型技术实战", "课时": 200' in continued["content"]
+    assert continued["content"].endswith("\nThought:")
+    # The question is asked once: the follow-up is not a new user turn (the article's mistake).
+    assert [m["role"] for m in second.messages].count("user") == 1
+
+
+async def test_system_message_asks_for_the_users_language(db, registry):
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL])
+    await agent.run(SESSION, ARTICLE_QUESTION)
+    system = llm.requests[0].messages[0]
+    assert system["role"] == "system" and "same language" in system["content"]
+
+
+async def test_two_tools_lessons_then_calculator(db, registry):
+    replies = [
+        'Thought: 先查课程。\nAction: course_query\nAction Input: {"course_name": "大模型技术实战"}\nObservation:',
+        ' 每周更新3次，每次2小时，算一下。\nAction: calculator\nAction Input: {"expression": "3 * 2"}\nObservation:',
+        " I now know the final answer\nFinal Answer: 大模型技术实战每周更新 6 小时。",
+    ]
+    agent, llm = make_agent(db, registry, replies)
+    result = await agent.run(SESSION, "大模型技术实战每周更新多少小时？")
+
+    assert [s.action for s in result.tool_steps] == ["course_query", "calculator"]
+    assert result.tool_steps[1].observation == "3 * 2 = 6"
+    assert "6" in result.answer
+    assert "Observation: 3 * 2 = 6\nThought:" in llm.requests[2].messages[-1]["content"]
+
+
+async def test_tool_error_is_observed_and_recovered_on_next_step(db, registry):
+    replies = [
+        'Thought: 算一下\nAction: calculator\nAction Input: {"expression": "3 * x"}\nObservation:',
+        ' 表达式写错了\nAction: calculator\nAction Input: {"expression": "3 * 2"}\nObservation:',
+        " done\nFinal Answer: 6",
+    ]
+    agent, llm = make_agent(db, registry, replies)
+    result = await agent.run(SESSION, "3乘2是多少")
+
+    assert result.answer == "6"
+    assert [s.error for s in result.tool_steps] == ["tool_error", None]
+    assert "Observation: Error: only numbers" in llm.requests[1].messages[-1]["content"]
+
+
+async def test_unknown_tool_goes_back_to_the_model(db, registry):
+    replies = ['Thought: x\nAction: weather\nAction Input: {"city": "北京"}\nObservation:', " ok\nFinal Answer: 不知道"]
+    agent, llm = make_agent(db, registry, replies)
+    result = await agent.run(SESSION, "北京天气？")
+
+    assert result.tool_steps[0].error == "unknown_tool"
+    assert "no tool named 'weather'" in llm.requests[1].messages[-1]["content"]
+    assert "course_query" in result.tool_steps[0].observation
+
+
+async def test_invalid_arguments_are_explained_to_the_model(db, registry):
+    replies = ['Thought: x\nAction: course_query\nAction Input: {"name": "大模型"}\nObservation:', " ok\nFinal Answer: 再试"]
+    agent, llm = make_agent(db, registry, replies)
+    result = await agent.run(SESSION, "大模型?")
+    assert result.tool_steps[0].error == "invalid_arguments"
+    assert "course_name" in result.tool_steps[0].observation
+
+
+async def test_step_limit_asks_once_more_for_the_answer(db, registry):
+    lookups = [f'Thought: again\nAction: course_query\nAction Input: {{"course_name": "课程{i}"}}\nObservation:'
+               for i in range(3)]
+    agent, llm = make_agent(db, registry, [*lookups, " 根据已知信息：没有找到。"], max_steps=3)
+    result = await agent.run(SESSION, "查课程")
+
+    assert result.status == "step_limit"
+    assert result.answer == "根据已知信息：没有找到。"
+    assert len(llm.requests) == 4
+    assert llm.requests[3].messages[-1]["content"].endswith("Final Answer:")
+
+
+async def test_step_limit_with_no_final_words_gives_an_honest_apology(db, registry):
+    lookup = 'Thought: again\nAction: course_query\nAction Input: {"course_name": "x%d"}\nObservation:'
+    agent, _ = make_agent(db, registry, [lookup % 1, lookup % 2, ""], max_steps=2)
+    result = await agent.run(SESSION, "查课程")
+    assert result.status == "step_limit"
+    assert "抱歉" in result.answer and "步骤" in result.answer
+
+
+async def test_repeated_identical_call_is_not_run_again(db, registry):
+    calls = []
+
+    async def counting(expression: str) -> str:
+        calls.append(expression)
+        return "6"
+
+    counted = ToolRegistry.of([Tool("calculator", "计算器", "算术", {
+        "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}, counting)])
+    same = 'Thought: x\nAction: calculator\nAction Input: {"expression": "3*2"}\nObservation:'
+    agent, llm = make_agent(db, counted, [same, " again\nAction: calculator\nAction Input: {'expression': '3*2'}\n",
+                                          " ok\nFinal Answer: 6"])
+    result = await agent.run(SESSION, "3*2")
+
+    assert calls == ["3*2"]
+    assert [s.kind for s in result.tool_steps] == ["tool", "repeated"]
+    assert "already called calculator" in llm.requests[2].messages[-1]["content"]
+    assert result.answer == "6"
+
+
+async def test_format_reminder_then_a_proper_answer(db, registry):
+    agent, llm = make_agent(db, registry, ["我觉得是200节吧", "Thought: 我知道了\nFinal Answer: 200节"])
+    result = await agent.run(SESSION, ARTICLE_QUESTION)
+
+    assert result.answer == "200节"
+    assert "did not follow the format" in llm.requests[1].messages[-1]["content"]
+    assert [s.kind for s in result.steps] == ["format_error", "final"]
+
+
+async def test_model_that_never_says_final_answer_gets_its_text_used(db, registry):
+    agent, _ = make_agent(db, registry, ["大模型技术实战有200节。", "大模型技术实战一共有200节课。"])
+    result = await agent.run(SESSION, ARTICLE_QUESTION)
+    assert result.status == "gave_up"
+    assert result.answer == "大模型技术实战一共有200节课。"
+
+
+async def test_empty_replies_end_in_an_apology(db, registry):
+    agent, _ = make_agent(db, registry, ["", "   "])
+    result = await agent.run(SESSION, ARTICLE_QUESTION)
+    assert result.status == "gave_up"
+    assert result.answer.startswith("抱歉")
+    assert await history_rows(db) == [("user", ARTICLE_QUESTION), ("assistant", result.answer)]
+
+
+async def test_english_question_gets_an_english_apology(db, registry):
+    agent, _ = make_agent(db, registry, ["", ""])
+    result = await agent.run(SESSION, "How many lessons?")
+    assert result.answer.startswith("Sorry")
+
+
+async def test_huge_tool_output_is_truncated_for_the_model(db):
+    async def flood() -> str:
+        return "x" * 50_000
+
+    registry = ToolRegistry.of([Tool("flood", "Flood", "floods", {"type": "object", "properties": {}}, flood)])
+    agent, llm = make_agent(db, registry, ["Thought: go\nAction: flood\nAction Input: {}\n", " ok\nFinal Answer: done"],
+                            observation_max_chars=100)
+    result = await agent.run(SESSION, "flood")
+    assert len(result.tool_steps[0].observation) < 200
+    assert "truncated: 49900 more characters" in llm.requests[1].messages[-1]["content"]
+
+
+async def test_progress_callback_names_the_running_tool(db, registry):
+    seen = []
+
+    async def progress(text: str) -> None:
+        seen.append(text)
+
+    agent, _ = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL])
+    await agent.run(SESSION, ARTICLE_QUESTION, on_progress=progress)
+    assert seen == ["🔎 查询课程数据库: 大模型技术实战…"]
+
+
+async def test_failing_progress_callback_does_not_break_the_turn(db, registry):
+    async def broken(text: str) -> None:
+        raise RuntimeError("telegram said no")
+
+    agent, _ = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL])
+    result = await agent.run(SESSION, ARTICLE_QUESTION, on_progress=broken)
+    assert "200" in result.answer
+
+
+# --- memory ---------------------------------------------------------------------------------------------------
+
+
+async def test_second_question_sees_the_first_answer_and_other_sessions_do_not(db, registry):
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL, "Thought: 记得\nFinal Answer: 是的，200节。",
+                                           "Thought: 不知道\nFinal Answer: 你问的是哪门课？"])
+    await agent.run(SESSION, ARTICLE_QUESTION)
+    await agent.run(SESSION, "你确定吗？")
+    await agent.run(Session(id="test:other", chat_key="test"), "你确定吗？")
+
+    same_session, other_session = llm.requests[2], llm.requests[3]
+    roles = [m["role"] for m in same_session.messages]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert same_session.messages[1]["content"] == ARTICLE_QUESTION
+    assert "200" in same_session.messages[2]["content"]
+    assert "200节" not in other_session.text
+    assert ARTICLE_QUESTION not in other_session.text
+
+
+async def test_history_window_drops_oldest_turns_first_never_the_question(db, registry):
+    answers = [f"Thought: t\nFinal Answer: answer number {i} " + "word " * 30 for i in range(5)]
+    agent, llm = make_agent(db, registry, [*answers, "Thought: t\nFinal Answer: last"], history_token_budget=120)
+    for i in range(5):
+        await agent.run(SESSION, f"question {i}")
+    long_question = "final question " * 100  # over the budget by itself: still asked
+    await agent.run(SESSION, long_question)
+
+    prompt = llm.requests[-1]
+    assert "answer number 4" in prompt.text
+    assert "answer number 0" not in prompt.text
+    assert prompt.messages[-1]["content"].endswith(long_question)
+
+
+async def test_a_turn_that_fails_midway_writes_nothing_to_history(db, registry):
+    agent, _ = make_agent(db, registry, [QWEN_LOOKUP, LLMError("model crashed")])
+    with pytest.raises(LLMError):
+        await agent.run(SESSION, ARTICLE_QUESTION)
+    assert await history_rows(db) == []
+    failed = await db.fetchone("SELECT status, source_key FROM turns")
+    assert tuple(failed) == ("error", None)  # the trace is kept for /stats, not the history
+
+
+async def test_reset_clears_history_but_keeps_traces(db, registry):
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL, "Thought: t\nFinal Answer: 新的开始"])
+    await agent.run(SESSION, ARTICLE_QUESTION)
+    assert await agent.memory.reset(SESSION.id) == 2
+    await agent.run(SESSION, "你好")
+
+    assert ARTICLE_QUESTION not in llm.requests[-1].text
+    assert (await db.fetchone("SELECT count(*) FROM turns"))[0] == 2
+    assert (await db.fetchone("SELECT count(*) FROM steps WHERE kind = 'tool'"))[0] == 1
+
+
+async def test_same_source_key_is_stored_once(db, registry):
+    agent, _ = make_agent(db, registry, ["Final Answer: a", "Final Answer: a"])
+    first = await agent.run(SESSION, "hi", source_key="tg:update:7")
+    second = await agent.run(SESSION, "hi", source_key="tg:update:7")
+    assert first.turn_id == second.turn_id
+    assert len(await history_rows(db)) == 2
+
+
+async def test_disabled_tool_is_not_in_the_prompt_and_cannot_be_called(db, registry):
+    await ToolSettings(db, registry).set_enabled("course_query", False, "test")
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, " ok\nFinal Answer: 查不到"])
+    result = await agent.run(SESSION, ARTICLE_QUESTION)
+
+    assert "course_query:" not in llm.requests[0].last_content
+    assert "calculator:" in llm.requests[0].last_content
+    assert result.tool_steps[0].error == "unknown_tool"
+
+
+async def test_no_tools_enabled_is_a_plain_chat(db, registry):
+    settings = ToolSettings(db, registry)
+    for name in registry.names:
+        await settings.set_enabled(name, False)
+    agent, llm = make_agent(db, registry, ["你好！有什么可以帮你？"])
+    result = await agent.run(SESSION, "你好")
+    assert result.answer == "你好！有什么可以帮你？"
+    assert llm.requests[0].last_content == "你好"
+    assert llm.requests[0].stop == ()
+
+
+# --- failures the model cannot fix ----------------------------------------------------------------------------
+
+
+async def test_cancel_stops_the_turn(db, registry):
+    llm = ScriptedLLM([QWEN_LOOKUP, QWEN_FINAL], delay=5)
+    agent = Agent(llm, registry, ToolSettings(db, registry), Memory(db))
+    cancel = CancelToken()
+    task = asyncio.create_task(agent.run(SESSION, ARTICLE_QUESTION, cancel=cancel))
+    await asyncio.sleep(0.05)
+    cancel.cancel()
+    with pytest.raises(LLMCancelled):
+        await asyncio.wait_for(task, 2)
+    assert await history_rows(db) == []
+
+
+async def test_turn_timeout_is_an_llm_timeout(db, registry):
+    llm = ScriptedLLM([QWEN_LOOKUP], delay=5)
+    agent = Agent(llm, registry, ToolSettings(db, registry), Memory(db), AgentLimits(turn_timeout_seconds=0.1))
+    with pytest.raises(LLMTimeout, match="longer than 0.1 seconds"):
+        await agent.run(SESSION, ARTICLE_QUESTION)
+
+
+async def test_agent_keeps_the_event_loop_free(db, registry):
+    """Another coroutine keeps ticking while turns run: nothing in the agent blocks the loop."""
+    llm = ScriptedLLM([QWEN_LOOKUP, QWEN_FINAL] * 5, delay=0.02)
+    agent = Agent(llm, registry, ToolSettings(db, registry), Memory(db))
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.gather(*(agent.run(Session(id=f"s{i}", chat_key="t"), ARTICLE_QUESTION) for i in range(5)))
+    ticking.cancel()
+    assert ticks >= 4  # five concurrent turns took about two 20 ms model calls; the ticker ran throughout

@@ -1,0 +1,59 @@
+"""`qwenbot ask` and `qwenbot chat` end to end, as subprocesses, with the scripted backend and a real database."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+QUESTION = "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？"
+REPLIES = [
+    'Thought: 查询课程数据库。\nAction: course_query\nAction Input: {"course_name": "大模型技术实战课程"}\nObservation:',
+    " 我知道了\nFinal Answer: 大模型技术实战目前一共上线了200节。",
+]
+
+
+def qwenbot(tmp_path: Path, *args: str, replies=REPLIES, stdin: str = "") -> subprocess.CompletedProcess:
+    script = tmp_path / "replies.json"
+    script.write_text(json.dumps(replies, ensure_ascii=False), encoding="utf-8")
+    env = {**os.environ, "LLM_BACKEND": "scripted", "SCRIPTED_REPLIES_PATH": str(script),
+           "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "LOG_LEVEL": "WARNING"}
+    return subprocess.run([sys.executable, "-m", "bot.cli", *args], input=stdin, capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).parent.parent, timeout=120)
+
+
+def test_ask_prints_the_answer_and_stores_the_turn(tmp_path):
+    done = qwenbot(tmp_path, "ask", QUESTION)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "大模型技术实战目前一共上线了200节。"
+    with sqlite3.connect(tmp_path / "bot.sqlite3") as conn:
+        assert conn.execute("SELECT question, status FROM turns").fetchall() == [(QUESTION, "answered")]
+        assert conn.execute("SELECT action FROM steps WHERE kind = 'tool'").fetchall() == [("course_query",)]
+
+
+def test_ask_with_trace_prints_each_step(tmp_path):
+    done = qwenbot(tmp_path, "ask", "--trace", QUESTION)
+    assert "Action: course_query" in done.stdout
+    assert '"课时": 200' in done.stdout
+    assert done.stdout.rstrip().endswith("200节。")
+
+
+def test_chat_session_with_trace_reset_and_quit(tmp_path):
+    replies = [*REPLIES, "Thought: 好\nFinal Answer: 你好！"]
+    done = qwenbot(tmp_path, "chat", replies=replies, stdin=f"{QUESTION}\n/trace\n/reset\n你好\n/quit\n")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "200节" in out and "Action: course_query" in out and "History cleared (2 messages)" in out
+    assert "你好！" in out
+    with sqlite3.connect(tmp_path / "bot.sqlite3") as conn:
+        assert conn.execute("SELECT content FROM messages ORDER BY id").fetchall() == [("你好",), ("你好！",)]
+
+
+def test_model_failure_is_one_line_not_a_traceback(tmp_path):
+    done = qwenbot(tmp_path, "ask", QUESTION, replies=[])
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == "qwenbot: scripted model has no more replies"
+    assert "Traceback" not in done.stderr
