@@ -17,6 +17,7 @@ from agent.memory import Session
 from agent.prompts import apology
 from agent.steps import format_trace
 from bot.config import ConfigError, Settings
+from bot.logs import configure_logging
 from bot.services import Services, start_services
 from migrations import MigrationError, open_database
 from tools import build_registry
@@ -50,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env()
-        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_logging(settings.log_level, secrets=[settings.telegram_bot_token, settings.openai_api_key])
         return COMMANDS[args.command](settings, args)
     except USER_ERRORS as error:
         print(f"qwenbot: {error}", file=sys.stderr)
