@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import sqlite3
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +24,7 @@ from agent.llm.openai import OpenAILLM
 from bot.config import Settings
 from tests.fakes.openai_server import DROP, HANG, FakeOpenAIServer, error, text, tool_call
 
+REPO = Path(__file__).resolve().parents[1]
 REACT_STOP = ["Observation:"]
 COURSE_TOOL = {
     "type": "function",
@@ -240,3 +246,82 @@ async def test_build_llm_makes_the_openai_backend_from_settings(server, tmp_path
     assert server.chat_requests[0].body["model"] == "Qwen/Qwen2.5-7B-Instruct"  # OPENAI_MODEL empty: MODEL
     assert llm.count_tokens("hello world") > 0
     await llm.close()
+
+
+# --- End to end: `qwenbot ask` with LLM_BACKEND=openai, in a subprocess, against the fake server ---------------
+
+ARTICLE_QUESTION = "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？"
+# What Qwen2.5-Instruct writes for the article's question; the server cuts it at the stop word.
+QWEN_LOOKUP = ("Thought: 我应该使用课程信息数据库API来查询大模型技术实战课程的课时。\n"
+               "Action: course_query\n"
+               'Action Input: {"course_name": "大模型技术实战"}\n'
+               "Observation: (the model would invent a result here)")
+QWEN_FINAL = " 我现在知道最终答案了。\nFinal Answer: 大模型技术实战课程目前一共上线了200节课。"
+
+
+def qwenbot_ask(server_url: str, tmp_path: Path, question: str, **env: str) -> subprocess.CompletedProcess:
+    """Run `qwenbot ask` as a user would, configured only through the environment (no .env: cwd is tmp_path)."""
+    settings = {"LLM_BACKEND": "openai", "OPENAI_BASE_URL": server_url, "OPENAI_MODEL": "fake-qwen",
+                "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "AGENT_MODE": "react", "LOG_LEVEL": "WARNING",
+                "TOKENIZER_VOCAB_PATH": str(REPO / "data" / "qwen.tiktoken"), "OPENAI_TIMEOUT_SECONDS": "10", **env}
+    environ = {**os.environ, **settings, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "bot.cli", "ask", question], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True, timeout=60)
+
+
+def last_line(output: str) -> str:
+    """The command's own message: the last line (a log warning, e.g. a missing vocabulary file, may precede it)."""
+    return output.strip().splitlines()[-1]
+
+
+def stored_steps(tmp_path: Path) -> list[tuple[str, str]]:
+    with sqlite3.connect(tmp_path / "bot.sqlite3") as db:
+        return db.execute("SELECT kind, action FROM steps ORDER BY turn_id, position").fetchall()
+
+
+def test_qwenbot_ask_completes_a_react_turn_with_a_course_lookup(server, tmp_path):
+    server.add(QWEN_LOOKUP, QWEN_FINAL)
+
+    done = qwenbot_ask(server.base_url, tmp_path, ARTICLE_QUESTION)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "大模型技术实战课程目前一共上线了200节课。"
+    first, second = (request.body for request in server.chat_requests)
+    assert first["stop"] == second["stop"] == REACT_STOP
+    # The second call carries the trace, with the real observation, folded into the user's message.
+    assert [m["role"] for m in second["messages"]] == ["system", "user"]
+    prompt = second["messages"][-1]["content"]
+    assert prompt.startswith(first["messages"][-1]["content"] + "\nThought: 我应该使用课程信息数据库API")
+    assert '\nObservation: {"课程名称": "大模型技术实战", "课时": 200' in prompt
+    assert "invent" not in prompt and prompt.endswith("\nThought:")
+    assert stored_steps(tmp_path) == [("tool", "course_query"), ("final", "")]
+
+
+def test_qwenbot_ask_still_answers_after_two_server_errors(server, tmp_path):
+    server.add(error(500), error(500), QWEN_LOOKUP, QWEN_FINAL)
+
+    done = qwenbot_ask(server.base_url, tmp_path, ARTICLE_QUESTION)
+
+    assert done.returncode == 0, done.stderr
+    assert "200" in done.stdout
+    assert len(server.chat_requests) == 4
+
+
+def test_qwenbot_ask_against_a_silent_server_says_it_timed_out(server, tmp_path):
+    server.add(HANG)
+
+    done = qwenbot_ask(server.base_url, tmp_path, ARTICLE_QUESTION, OPENAI_TIMEOUT_SECONDS="1")
+
+    assert done.returncode == 2
+    assert last_line(done.stderr) == f"qwenbot: model server at {server.base_url} did not answer within 1 s"
+    assert "Traceback" not in done.stderr
+
+
+def test_qwenbot_ask_against_an_unreachable_server_fails_in_one_line(tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+
+    done = qwenbot_ask(url, tmp_path, ARTICLE_QUESTION)
+
+    assert done.returncode == 2
+    assert last_line(done.stderr).startswith(f"qwenbot: cannot reach the model server at {url}: ")
+    assert "Traceback" not in done.stderr
