@@ -65,11 +65,14 @@ async def open_database(path: str | Path, *, busy_timeout_seconds: float = 10.0,
     path = Path(path)
     if str(path) != ":memory:":
         path.parent.mkdir(parents=True, exist_ok=True)
-    # `timeout` is sqlite3's busy timeout: how long a statement waits for another process's lock.
+    # Probe with plain sqlite3 first: when aiosqlite.connect itself fails, its worker thread can outlive the
+    # event loop and print a traceback of its own.
     try:
-        conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout_seconds)
+        await asyncio.to_thread(_probe, path)
     except sqlite3.Error as error:
         raise DatabaseOpenError(f"cannot open the database {path}: {error}") from error
+    # `timeout` is sqlite3's busy timeout: how long a statement waits for another process's lock.
+    conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout_seconds)
     conn.row_factory = aiosqlite.Row
     try:
         await _configure(conn, path)
@@ -88,3 +91,7 @@ async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
         await conn.execute("PRAGMA foreign_keys = ON")
     except sqlite3.Error as error:
         raise DatabaseOpenError(f"cannot open the database {path}: {error}") from error
+
+
+def _probe(path: Path) -> None:
+    sqlite3.connect(path).close()

@@ -38,7 +38,8 @@ class ToolSettings:
 
     @staticmethod
     def _state(tool: Tool, chosen: dict[tuple[str, str], bool], chat_key: str) -> ToolState:
-        for scope, source in ((chat_key, "chat"), (GLOBAL, "global")):
+        own = "global" if chat_key == GLOBAL else "chat"  # `qwenbot tools` asks for the global scope itself
+        for scope, source in ((chat_key, own), (GLOBAL, "global")):
             if (scope, tool.name) in chosen:
                 return ToolState(tool, chosen[(scope, tool.name)], source)
         return ToolState(tool, tool.enabled_by_default, "default")

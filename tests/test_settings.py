@@ -1,0 +1,129 @@
+"""Settings: defaults, parsing, refusals that name the variable, and `.env.example` kept in step."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from bot.config import ConfigError, Settings
+
+ENV_EXAMPLE = Path(__file__).resolve().parent.parent / ".env.example"
+
+
+def example_values() -> dict[str, str]:
+    """The `NAME=value` lines of `.env.example` (comments skipped)."""
+    pairs = re.findall(r"^([A-Z][A-Z0-9_]*)=(.*)$", ENV_EXAMPLE.read_text(encoding="utf-8"), re.MULTILINE)
+    return dict(pairs)
+
+
+def test_empty_environment_gives_the_documented_defaults():
+    settings = Settings.from_env({})
+    assert settings == Settings()
+    assert settings.database_path == Path("data/bot.sqlite3")
+    assert settings.llm_backend == "local"
+    assert settings.model == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert settings.agent_mode == "react"
+    assert settings.telegram_base_url == "https://api.telegram.org/bot"
+    assert settings.admin_user_ids == frozenset()
+    assert settings.max_steps > 0 and settings.tool_timeout_seconds > 0
+
+
+def test_values_are_parsed_to_their_types():
+    settings = Settings.from_env({
+        "MAX_STEPS": "8", "TOOL_TIMEOUT_SECONDS": "2.5", "DATABASE_PATH": "/srv/bot/db.sqlite3",
+        "LLM_BACKEND": "openai", "AGENT_MODE": "native", "MODEL": "models/qwen.gguf", "BATCH_SIZE": " 4 ",
+        "LOG_LEVEL": "debug",
+    })
+    assert settings.max_steps == 8
+    assert settings.tool_timeout_seconds == 2.5
+    assert settings.database_path == Path("/srv/bot/db.sqlite3")
+    assert (settings.llm_backend, settings.agent_mode, settings.model) == ("openai", "native", "models/qwen.gguf")
+    assert settings.batch_size == 4
+    assert settings.log_level == "debug"
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("1, 2,3", {1, 2, 3}),
+    ("-1001234567890", {-1001234567890}),
+    ("7;8", {7, 8}),
+    ("5,6,", {5, 6}),
+    ("42", {42}),
+])
+def test_id_lists_are_parsed(raw, expected):
+    settings = Settings.from_env({"ADMIN_USER_IDS": raw, "ALLOWED_USER_IDS": raw, "ALLOWED_CHAT_IDS": raw})
+    assert settings.admin_user_ids == settings.allowed_user_ids == settings.allowed_chat_ids == frozenset(expected)
+
+
+def test_empty_or_blank_values_mean_the_default():
+    settings = Settings.from_env({"MAX_STEPS": "", "LLM_BACKEND": "   ", "ADMIN_USER_IDS": ""})
+    assert settings == Settings()
+
+
+@pytest.mark.parametrize("variable, raw, says", [
+    ("MAX_STEPS", "abc", "a whole number"),
+    ("MAX_NEW_TOKENS", "1.5", "a whole number"),
+    ("TOOL_TIMEOUT_SECONDS", "soon", "a number"),
+    ("LLM_BACKEND", "foo", "local, openai"),
+    ("AGENT_MODE", "chain", "react, native"),
+    ("MAX_STEPS", "0", "greater than 0"),
+    ("MAX_STEPS", "-1", "greater than 0"),
+    ("BATCH_SIZE", "-4", "greater than 0"),
+    ("HISTORY_TOKEN_BUDGET", "0", "greater than 0"),
+    ("TOOL_TIMEOUT_SECONDS", "0", "greater than 0"),
+    ("TOOL_TIMEOUT_SECONDS", "nan", "greater than 0"),
+    ("TURN_TIMEOUT_SECONDS", "-5", "greater than 0"),
+    ("TYPING_INTERVAL_SECONDS", "0", "greater than 0"),
+    ("OPENAI_MAX_RETRIES", "-1", "0 or more"),
+    ("WEBHOOK_PORT", "70000", "65535"),
+    ("LOG_LEVEL", "loud", "DEBUG, INFO"),
+    ("ADMIN_USER_IDS", "1,x", "list of numeric ids"),
+    ("ALLOWED_USER_IDS", "@alice", "list of numeric ids"),
+    ("ALLOWED_CHAT_IDS", "-100, group", "list of numeric ids"),
+])
+def test_bad_values_are_refused_with_one_line_naming_the_variable(variable, raw, says):
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({variable: raw})
+    message = str(caught.value)
+    assert message.startswith(f"{variable} must be"), message
+    assert says in message
+    assert "\n" not in message
+
+
+def test_the_bad_value_is_quoted_in_the_message():
+    with pytest.raises(ConfigError, match=r"^MAX_STEPS must be a whole number, got 'abc'$"):
+        Settings.from_env({"MAX_STEPS": "abc"})
+    with pytest.raises(ConfigError, match=r"^LLM_BACKEND must be one of .*, got 'foo'$"):
+        Settings.from_env({"LLM_BACKEND": "foo"})
+
+
+def test_process_environment_is_read_when_no_mapping_is_given(monkeypatch):
+    monkeypatch.setenv("MAX_STEPS", "11")
+    monkeypatch.setenv("ADMIN_USER_IDS", "3,4")
+    settings = Settings.from_env(dotenv=False)
+    assert settings.max_steps == 11
+    assert settings.admin_user_ids == frozenset({3, 4})
+
+
+def test_require_telegram_token():
+    with pytest.raises(ConfigError, match=r"^TELEGRAM_BOT_TOKEN is not set"):
+        Settings.from_env({}).require_telegram_token()
+    Settings.from_env({"TELEGRAM_BOT_TOKEN": "123:abc"}).require_telegram_token()
+
+
+def test_settings_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Settings().max_steps = 100  # type: ignore[misc]
+
+
+def test_every_setting_has_a_line_in_env_example_and_every_line_a_setting():
+    documented = set(example_values())
+    fields = {spec.name.upper() for spec in dataclasses.fields(Settings)}
+    assert fields - documented == set(), "settings missing from .env.example"
+    assert documented - fields == set(), ".env.example lines that are no setting"
+
+
+def test_env_example_shows_the_defaults():
+    assert Settings.from_env(example_values()) == Settings()
