@@ -23,7 +23,7 @@ def tool(name: str, function, parameters=NO_ARGS, **extra) -> Tool:
 
 
 async def test_shipped_tools_are_registered_in_prompt_order(registry):
-    assert registry.names == ["course_query", "course_list", "calculator"]
+    assert registry.names[:3] == ["course_query", "course_list", "calculator"]
     assert [t.name for t in registry] == registry.names
     assert "calculator" in registry and "eval" not in registry
     assert registry.get("course_query").human_name == "课程信息数据库"
@@ -60,7 +60,8 @@ async def test_unknown_tool_lists_the_available_ones(registry):
     result = await registry.call("course_search", {"course_name": "x"})
     assert result.error == "unknown_tool" and not result.ok
     assert "course_search" in result.output
-    assert "Available tools: course_query, course_list, calculator" in result.output
+    assert f"Available tools: {', '.join(registry.names)}." in result.output
+    assert "course_query, course_list, calculator" in result.output
 
 
 async def test_a_tool_outside_the_allowed_set_is_unknown(registry):
