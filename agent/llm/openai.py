@@ -153,7 +153,7 @@ class OpenAILLM(LLM):
                 await asyncio.wait({task})
 
     def _completion(self, response: Any, sent: list[Message], stop: Sequence[str]) -> Completion:
-        if not response.choices:
+        if not getattr(response, "choices", None):  # an empty list, or not a chat completion at all
             raise LLMError(f"model server at {self.url} returned no choices")
         choice = response.choices[0]
         # Servers trim at `stop` themselves; trimming again covers those that ignore some stop strings.
