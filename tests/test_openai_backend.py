@@ -234,6 +234,18 @@ async def test_start_against_an_unreachable_server_fails_in_one_clear_line():
     await llm.close()
 
 
+async def test_credentials_in_the_server_address_are_never_shown():
+    port = closed_port()
+    llm = OpenAILLM(base_url=f"http://admin:hunter2@127.0.0.1:{port}/v1", model="fake-qwen")
+
+    with pytest.raises(LLMError) as raised:
+        await llm.start()
+
+    assert str(raised.value).startswith(f"cannot reach the model server at http://127.0.0.1:{port}/v1: ")
+    assert "hunter2" not in str(raised.value)
+    await llm.close()
+
+
 async def test_build_llm_makes_the_openai_backend_from_settings(server, tmp_path):
     settings = Settings(llm_backend="openai", openai_base_url=server.base_url, model="Qwen/Qwen2.5-7B-Instruct",
                         tokenizer_vocab_path=tmp_path / "absent.tiktoken")
