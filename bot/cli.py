@@ -159,16 +159,27 @@ def cli_session(session_id: str) -> Session:
     return Session(id=session_id, chat_key="cli", kind="cli")
 
 
-def not_yet(settings: Settings, args: argparse.Namespace) -> int:
-    """Placeholder for commands that arrive with later work."""
-    print(f"qwenbot {args.command}: not available yet", file=sys.stderr)
-    return 2
+def run_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Run the Telegram bot (long polling, or a webhook when WEBHOOK_URL is set) until SIGINT or SIGTERM."""
+    # Imported here: the terminal commands do not need python-telegram-bot.
+    from telegram.error import InvalidToken, TelegramError
+
+    from bot.app import run
+
+    settings.require_telegram_token()
+    try:
+        run(settings)
+    except InvalidToken:
+        raise ConfigError("Telegram refused TELEGRAM_BOT_TOKEN: check it with @BotFather") from None
+    except TelegramError as error:
+        raise ConnectionError(f"cannot talk to Telegram at {settings.telegram_base_url}: {error}") from None
+    return 0
 
 
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "migrate": migrate_command,
     "tools": tools_command,
-    "run": not_yet,
+    "run": run_command,
     "ask": ask_command,
     "chat": chat_command,
 }

@@ -32,6 +32,9 @@ class Settings:
     webhook_url: str = ""
     webhook_listen: str = "127.0.0.1"
     webhook_port: int = 8443
+    webhook_secret_token: str = ""
+    telegram_messages_per_second: float = 30.0
+    telegram_group_messages_per_minute: float = 20.0
     database_path: Path = Path("data/bot.sqlite3")
     database_busy_timeout_seconds: float = 10.0
     llm_backend: str = "local"
@@ -58,6 +61,7 @@ class Settings:
     turn_timeout_seconds: float = 180.0
     progress_after_seconds: float = 2.0
     typing_interval_seconds: float = 4.0
+    shutdown_grace_seconds: float = 10.0
     log_level: str = "INFO"
 
     @classmethod

@@ -1,0 +1,229 @@
+"""The Telegram application: handler registration in one place, start-up and shutdown, polling or webhook.
+
+    app = build_application(settings)              # or build_application(settings, llm=ScriptedLLM([...]))
+    await serve(app, settings, stop_event)         # until stop_event is set (SIGINT/SIGTERM in `qwenbot run`)
+
+`post_init` starts the services (database, model, agent) and registers the command menu; `post_shutdown` closes
+them. `serve` feeds updates through the journal in bot/delivery.py and, on stop, lets running turns finish for
+SHUTDOWN_GRACE_SECONDS before stopping the rest (their updates are handled again after the restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import signal
+from typing import Any, Awaitable, Callable
+from urllib.parse import urlparse
+
+from telegram import BotCommand, BotCommandScopeChat
+from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, CommandHandler, ContextTypes, \
+    MessageHandler, Updater, filters
+
+from agent.llm.base import LLM
+from bot import admin, handlers
+from bot.config import Settings
+from bot.context import SERVICES, TURNS, BotContext, runtime_data
+from bot.delivery import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, consume_queue
+from bot.replies import quietly
+from bot.services import Services, start_services
+
+log = logging.getLogger(__name__)
+
+ServicesFactory = Callable[[Settings], Awaitable[Services]]
+
+# The command menu (setMyCommands): (command, English, Chinese).
+USER_COMMANDS = [
+    ("ask", "ask a question (in groups)", "提问（群聊中使用）"),
+    ("help", "how to ask, and the commands", "使用说明"),
+    ("start", "what this bot does", "这个机器人能做什么"),
+    ("reset", "forget this chat's history", "忘记本聊天的历史"),
+    ("cancel", "stop the running answer", "停止正在进行的回答"),
+    ("trace", "steps of the last answer", "上一次回答的步骤"),
+    ("tools", "tools enabled here", "本聊天可用的工具"),
+]
+ADMIN_COMMANDS = [
+    ("tool_on", "NAME [global]: enable a tool"),
+    ("tool_off", "NAME [global]: disable a tool"),
+    ("courses", "list the courses"),
+    ("course_add", "NAME LESSONS PER_WEEK HOURS"),
+    ("course_set", "NAME FIELD VALUE"),
+    ("course_del", "NAME"),
+    ("allow", "ID: give a user or group access"),
+    ("deny", "ID: take access away"),
+    ("admins", "who has access"),
+    ("stats", "[DAYS]: usage figures"),
+]
+
+
+class BotRateLimiter(AIORateLimiter):
+    """AIORateLimiter, except for chat actions: "typing…" is not a message, so it neither waits for nor uses
+    up a group's 20-per-minute budget, which belongs to answers."""
+
+    async def process_request(self, callback: Any, args: Any, kwargs: dict[str, Any], endpoint: str,
+                              data: dict[str, Any], rate_limit_args: int | None) -> Any:
+        if endpoint == "sendChatAction":
+            return await callback(*args, **kwargs)
+        return await super().process_request(callback, args, kwargs, endpoint, data, rate_limit_args)
+
+
+def build_application(settings: Settings, *, llm: LLM | None = None,
+                      services_factory: ServicesFactory | None = None) -> Application:
+    """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`)."""
+    async def start(settings: Settings) -> Services:
+        return await start_services(settings, llm=llm)
+
+    application = (
+        ApplicationBuilder()
+        .token(settings.telegram_bot_token)
+        .base_url(settings.telegram_base_url)
+        .context_types(ContextTypes(context=BotContext))
+        .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram_messages_per_second,
+                                     group_max_rate=settings.telegram_group_messages_per_minute, max_retries=2))
+        .updater(None)  # updates come through bot/delivery.py, journaled
+        .post_init(_post_init(settings, services_factory or start))
+        .post_shutdown(_post_shutdown)
+        .build()
+    )
+    register_handlers(application)
+    return application
+
+
+def register_handlers(application: Application) -> None:
+    """Every handler, in one place. Only new messages are handled: an edited message is not answered twice."""
+    new = filters.UpdateType.MESSAGE
+    private = filters.ChatType.PRIVATE
+    commands = {
+        "start": handlers.start, "help": handlers.help_command, "ask": handlers.ask, "reset": handlers.reset,
+        "cancel": handlers.cancel, "trace": handlers.trace,
+        "tool_on": admin.tool_on, "tool_off": admin.tool_off, "courses": admin.courses,
+        "course_add": admin.course_add, "course_set": admin.course_set, "course_del": admin.course_del,
+        "allow": admin.allow, "deny": admin.deny, "admins": admin.admins, "stats": admin.stats,
+    }
+    # `/tools all` (admins) before plain `/tools`: the first matching handler of a group wins.
+    application.add_handler(CommandHandler("tools", admin.tools_all, filters=new & filters.Regex(r"^\S+\s+all\s*$")))
+    application.add_handler(CommandHandler("tools", handlers.tools, filters=new))
+    for name, callback in commands.items():
+        application.add_handler(CommandHandler(name, callback, filters=new))
+    application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
+    application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
+    application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,
+                                           handlers.non_text))
+    application.add_error_handler(handlers.on_error)
+
+
+def _post_init(settings: Settings, start: ServicesFactory) -> Callable[[Application], Awaitable[None]]:
+    async def post_init(application: Application) -> None:
+        """Start the services, share them with the handlers, register the command menu."""
+        services = await start(settings)
+        application.bot_data.update(runtime_data(settings, services))
+        await register_commands(application, settings)
+    return post_init
+
+
+async def _post_shutdown(application: Application) -> None:
+    """Close the model and the database (after every handler has ended)."""
+    services: Services | None = application.bot_data.pop(SERVICES, None)
+    if services is not None:
+        await services.close()
+
+
+async def register_commands(application: Application, settings: Settings) -> None:
+    """The command menu for everyone (English and Chinese), and with admin commands for each admin.
+
+    A failure is logged and ignored: the menu is a convenience, never a reason not to start.
+    """
+    bot = application.bot
+    await quietly(bot.set_my_commands([BotCommand(c, en) for c, en, _ in USER_COMMANDS]), "setMyCommands")
+    await quietly(bot.set_my_commands([BotCommand(c, zh) for c, _, zh in USER_COMMANDS], language_code="zh"),
+                  "setMyCommands (zh)")
+    admin_menu = [BotCommand(c, en) for c, en, _ in USER_COMMANDS] + [BotCommand(c, d) for c, d in ADMIN_COMMANDS]
+    for admin_id in sorted(settings.admin_user_ids):
+        # Fails with "chat not found" until the admin has written to the bot once; that is fine.
+        await quietly(bot.set_my_commands(admin_menu, scope=BotCommandScopeChat(admin_id)), "setMyCommands (admin)")
+
+
+# --- running ---------------------------------------------------------------------------------------------------
+
+async def serve(application: Application, settings: Settings, stop: asyncio.Event, *,
+                poll_timeout: float = POLL_TIMEOUT_SECONDS) -> None:
+    """Run the bot until `stop` is set (or the intake fails for good, e.g. a rejected token), then shut down."""
+    await application.initialize()
+    try:
+        await application.post_init(application)
+        await application.start()
+        try:
+            await _take_updates(application, settings, stop, poll_timeout)
+        finally:
+            await application.stop()
+    finally:
+        await application.shutdown()
+        await application.post_shutdown(application)
+
+
+async def _take_updates(application: Application, settings: Settings, stop: asyncio.Event,
+                        poll_timeout: float) -> None:
+    services: Services = application.bot_data[SERVICES]
+    journal = UpdateJournal(services.db)
+    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS])
+    await journal.prune()
+    await dispatcher.replay()
+    intake = await _start_intake(application, settings, dispatcher, poll_timeout)
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([intake.task, stopping], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        await intake.close()
+        await dispatcher.finish(settings.shutdown_grace_seconds)
+    if intake.task.done() and not intake.task.cancelled() and intake.task.exception():
+        raise intake.task.exception()  # e.g. InvalidToken: `qwenbot run` reports it in one line
+
+
+class _Intake:
+    """Where updates come from (the poller, or the webhook server's queue), and how to stop it."""
+
+    def __init__(self, task: asyncio.Task, updater: Updater | None = None):
+        self.task = task
+        self.updater = updater
+
+    async def close(self) -> None:
+        if self.updater is not None and self.updater.running:
+            await self.updater.stop()
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        if self.updater is not None:
+            await self.updater.shutdown()
+
+
+async def _start_intake(application: Application, settings: Settings, dispatcher: Dispatcher,
+                        poll_timeout: float) -> _Intake:
+    if not settings.webhook_url:
+        poller = Poller(application.bot, dispatcher, timeout=poll_timeout)
+        return _Intake(asyncio.create_task(poller.run(), name="poller"))
+    # Our own queue, not the application's: updates reach handlers only through the journal.
+    updater = Updater(application.bot, asyncio.Queue())
+    await updater.initialize()
+    await updater.start_webhook(
+        listen=settings.webhook_listen, port=settings.webhook_port,
+        url_path=urlparse(settings.webhook_url).path.lstrip("/"), webhook_url=settings.webhook_url,
+        allowed_updates=ALLOWED_UPDATES, drop_pending_updates=False,
+        secret_token=settings.webhook_secret_token or secrets.token_urlsafe(32))
+    return _Intake(asyncio.create_task(consume_queue(updater.update_queue, dispatcher), name="webhook"), updater)
+
+
+def run(settings: Settings) -> None:
+    """`qwenbot run`: serve until SIGINT or SIGTERM."""
+    asyncio.run(_run_until_signal(settings))
+
+
+async def _run_until_signal(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    mode = f"webhook at {settings.webhook_url}" if settings.webhook_url else "long polling"
+    log.info("starting the bot (%s)", mode)
+    await serve(build_application(settings), settings, stop)
+    log.info("stopped")

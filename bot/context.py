@@ -1,0 +1,56 @@
+"""The handlers' context: python-telegram-bot's `CallbackContext` with typed accessors for our services.
+
+Everything shared lives in `application.bot_data` under the keys below, put there by `post_init`; handlers read
+it only through these properties (see python-telegram-bot's `contexttypesbot.py` example).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from telegram.ext import Application, CallbackContext, ExtBot
+
+from bot.access import AccessControl
+from bot.config import Settings
+from bot.turns import TurnScheduler
+
+if TYPE_CHECKING:
+    from bot.services import Services
+
+SERVICES = "services"
+ACCESS = "access"
+TURNS = "turns"
+SETTINGS = "settings"
+
+
+class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
+    """The context every handler receives."""
+
+    def __init__(self, application: Application, chat_id: int | None = None, user_id: int | None = None):
+        super().__init__(application=application, chat_id=chat_id, user_id=user_id)
+
+    @property
+    def settings(self) -> Settings:
+        """The bot's settings."""
+        return self.bot_data[SETTINGS]
+
+    @property
+    def services(self) -> "Services":
+        """Database, model, agent, tools and memory, started by `post_init`."""
+        return self.bot_data[SERVICES]
+
+    @property
+    def access(self) -> AccessControl:
+        """Access decisions."""
+        return self.bot_data[ACCESS]
+
+    @property
+    def turns(self) -> TurnScheduler:
+        """Where each question waits for its turn."""
+        return self.bot_data[TURNS]
+
+
+def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
+    """The `bot_data` entries `post_init` installs."""
+    return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
+            TURNS: TurnScheduler()}

@@ -1,0 +1,180 @@
+"""Updates from Telegram to the handlers, at least once: a journal in SQLite, long polling, the webhook queue.
+
+Telegram forgets an update once a `getUpdates` call passes an `offset` above its id. So each batch is written to
+the `telegram_updates` journal *before* the next call confirms it, and marked handled when its handler ends.
+After a crash or a shutdown that interrupted turns, the unhandled updates are handled again on start-up; an
+update Telegram sends twice is recognised by its id (and a turn already stored is not stored twice: the agent's
+`source_key`). Webhook updates go through the same journal.
+
+Each update is handled in its own task, started in update order, so handlers can take their place in line
+(bot/turns.py) in the order the updates came; other chats go on in parallel and `/help` never waits for a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Sequence
+
+from telegram import Bot, Update
+from telegram.error import InvalidToken, RetryAfter
+from telegram.ext import Application
+
+from bot.replies import quietly, retry_after_seconds
+from bot.turns import TurnScheduler
+from migrations import Database
+
+log = logging.getLogger(__name__)
+
+POLL_TIMEOUT_SECONDS = 30
+ALLOWED_UPDATES = ["message"]  # edits, channel posts, reactions... are never even fetched
+KEEP_HANDLED_DAYS = 3  # Telegram redelivers unconfirmed updates for 24 hours: keep ids well beyond that
+BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
+FINISH_BOUND_SECONDS = 10  # after cancelling, how long cancelled turns get to wind down
+
+
+class UpdateJournal:
+    """The `telegram_updates` table: what arrived, and what was handled."""
+
+    def __init__(self, db: Database):
+        self.db = db
+
+    async def admit(self, updates: Sequence[Update]) -> list[Update]:
+        """Write the updates not seen before, in one transaction; return them, in order."""
+        fresh = []
+        async with self.db.transaction() as conn:
+            for update in updates:
+                cursor = await conn.execute(
+                    "INSERT OR IGNORE INTO telegram_updates (update_id, payload) VALUES (?, ?)",
+                    (update.update_id, update.to_json()))
+                if cursor.rowcount:
+                    fresh.append(update)
+        return fresh
+
+    async def mark_handled(self, update_id: int) -> None:
+        """Record that the update's handler ended."""
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "UPDATE telegram_updates SET handled_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE update_id = ?",
+                (update_id,))
+
+    async def unhandled(self, bot: Bot) -> list[Update]:
+        """Updates written but never handled (a crash, or turns stopped by shutdown), oldest first."""
+        rows = await self.db.fetchall(
+            "SELECT payload FROM telegram_updates WHERE handled_at IS NULL ORDER BY update_id")
+        return [Update.de_json(json.loads(payload), bot) for (payload,) in rows]
+
+    async def prune(self, days: int = KEEP_HANDLED_DAYS) -> None:
+        """Forget handled updates older than `days`."""
+        async with self.db.transaction() as conn:
+            await conn.execute(
+                "DELETE FROM telegram_updates WHERE handled_at IS NOT NULL AND received_at < "
+                "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)", (f"-{days} days",))
+
+
+class Dispatcher:
+    """Runs each journaled update through the application in its own task, and records when it is handled."""
+
+    def __init__(self, application: Application, journal: UpdateJournal, turns: TurnScheduler):
+        self.application = application
+        self.journal = journal
+        self.turns = turns
+        self.tasks: dict[int, asyncio.Task] = {}
+
+    async def accept(self, updates: Sequence[Update]) -> None:
+        """Journal the updates, then start handling the new ones (in order)."""
+        for update in await self.journal.admit(updates):
+            self._start(update)
+
+    async def replay(self) -> int:
+        """Start handling what an earlier run left unhandled; how many."""
+        pending = [u for u in await self.journal.unhandled(self.application.bot) if u.update_id not in self.tasks]
+        for update in pending:
+            self._start(update)
+        if pending:
+            log.info("handling %d update(s) left unhandled by the previous run", len(pending))
+        return len(pending)
+
+    def _start(self, update: Update) -> None:
+        self.tasks[update.update_id] = asyncio.create_task(self._handle(update), name=f"update:{update.update_id}")
+
+    async def _handle(self, update: Update) -> None:
+        try:
+            # Handler errors go to the application's error handler; process_update itself does not raise.
+            await self.application.process_update(update)
+        finally:
+            self.tasks.pop(update.update_id, None)
+            if update.update_id not in self.turns.interrupted:
+                await self._mark_handled(update.update_id)
+
+    async def _mark_handled(self, update_id: int) -> None:
+        try:
+            await self.journal.mark_handled(update_id)
+        except Exception:  # the database is gone or locked: the update is handled again after a restart
+            log.warning("could not mark update %s handled", update_id, exc_info=True)
+
+    async def finish(self, grace_seconds: float) -> None:
+        """Let running handlers end within `grace_seconds`; then cancel the turns left and wait for them."""
+        self.turns.closing = True
+        await _wait(list(self.tasks.values()), grace_seconds)
+        if self.tasks:
+            stopped = self.turns.cancel_all()
+            log.info("shutdown: stopped %d turn(s); their updates are handled after the restart", stopped)
+            await _wait(list(self.tasks.values()), FINISH_BOUND_SECONDS)
+        for task in list(self.tasks.values()):
+            task.cancel()  # a handler that ignores cancellation (a hung send): stop waiting for it
+        await _wait(list(self.tasks.values()), 1)
+
+
+async def _wait(tasks: list[asyncio.Task], timeout: float) -> None:
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+
+
+class Poller:
+    """Long polling: fetch, journal, then let the next call's offset confirm the batch."""
+
+    def __init__(self, bot: Bot, dispatcher: Dispatcher, *, timeout: float = POLL_TIMEOUT_SECONDS):
+        self.bot = bot
+        self.dispatcher = dispatcher
+        self.timeout = timeout
+        self.offset: int | None = None
+        self._failures = 0
+
+    async def run(self) -> None:
+        """Poll until cancelled; a rejected token ends it (there is nothing to retry)."""
+        await quietly(self.bot.delete_webhook(drop_pending_updates=False), "deleteWebhook")
+        while True:
+            try:
+                updates = await self.bot.get_updates(offset=self.offset, timeout=self.timeout,
+                                                     allowed_updates=ALLOWED_UPDATES)
+                if updates:
+                    await self.dispatcher.accept(updates)
+                    self.offset = updates[-1].update_id + 1
+                self._failures = 0
+            except InvalidToken:
+                raise
+            except RetryAfter as error:
+                await asyncio.sleep(retry_after_seconds(error))
+            except Exception as error:
+                # Network trouble, a 5xx, a webhook still set (Conflict), the database busy: wait, then fetch
+                # again from the same offset, so nothing fetched but not journaled is lost.
+                await self._back_off(error)
+
+    async def _back_off(self, error: Exception) -> None:
+        pause = BACKOFF_SECONDS[min(self._failures, len(BACKOFF_SECONDS) - 1)]
+        self._failures += 1
+        log.warning("getting updates failed (%s); retrying in %g s", error, pause)
+        await asyncio.sleep(pause)
+
+
+async def consume_queue(queue: "asyncio.Queue[object]", dispatcher: Dispatcher) -> None:
+    """Webhook mode: journal and dispatch each update the webhook server puts in `queue`."""
+    while True:
+        update = await queue.get()
+        if isinstance(update, Update):
+            try:
+                await dispatcher.accept([update])
+            except Exception:
+                log.error("could not journal update %s", update.update_id, exc_info=True)

@@ -1,0 +1,104 @@
+"""What the bot says to users, in Chinese or English, chosen from Telegram's `language_code`.
+
+Admin replies stay in English: they are short, technical, and quote command syntax.
+"""
+
+from __future__ import annotations
+
+TEXTS: dict[str, dict[str, str]] = {
+    "start": {
+        "zh": ("你好，我是团队助手。我会一步步思考，并用工具查资料后回答，例如课程数据库和计算器。\n\n"
+               "直接发消息提问即可；在群里请 @我、回复我的消息，或用 /ask 问题。\n"
+               "命令：/help 帮助，/reset 忘记本聊天的历史，/cancel 停止正在进行的回答，"
+               "/trace 查看上一次回答的步骤，/tools 查看可用工具。"),
+        "en": ("Hi, I am the team's assistant. I think step by step and look things up with tools (such as the "
+               "course database and a calculator) before I answer.\n\n"
+               "Just write your question; in a group, mention me, reply to one of my messages, or use /ask "
+               "question.\nCommands: /help, /reset forgets this chat's history, /cancel stops the running answer, "
+               "/trace shows the steps of the last answer, /tools lists the tools enabled here."),
+    },
+    "help": {
+        "zh": ("提问：私聊直接发消息；群里用 @我、回复我，或 /ask 问题。\n"
+               "/reset 忘记本聊天的历史\n/cancel 停止正在进行的回答\n/trace 上一次回答的步骤\n"
+               "/tools 本聊天可用的工具"),
+        "en": ("Ask: write to me in private; in a group mention me, reply to me, or use /ask question.\n"
+               "/reset forget this chat's history\n/cancel stop the running answer\n"
+               "/trace the steps of the last answer\n/tools the tools enabled here"),
+    },
+    "not_allowed": {
+        "zh": "抱歉，你还没有使用权限。你的用户 ID 是 {user_id}。请把这个 ID 发给管理员，请他发送 /allow {user_id}。",
+        "en": ("Sorry, you do not have access yet. Your user id is {user_id}. Send it to an admin and ask them "
+               "to send /allow {user_id}."),
+    },
+    "text_only": {
+        "zh": "我只能读文字消息，请用文字提问。",
+        "en": "I can only read text messages: please ask in text.",
+    },
+    "ask_usage": {
+        "zh": "用法：/ask 你的问题",
+        "en": "Usage: /ask your question",
+    },
+    "queued": {
+        "zh": "⏳ 你的上一个问题还在处理中，这个问题会在它之后回答。",
+        "en": "⏳ Your previous question is still being answered; this one comes next.",
+    },
+    "thinking": {
+        "zh": "⏳ 正在思考…",
+        "en": "⏳ Thinking…",
+    },
+    "cancelled": {
+        "zh": "⏹ 已停止。你可以重新提问。",
+        "en": "⏹ Stopped. You can ask again.",
+    },
+    "nothing_to_cancel": {
+        "zh": "现在没有正在进行的回答。",
+        "en": "Nothing is running right now.",
+    },
+    "reset": {
+        "zh": "🧹 已忘记本聊天的历史。",
+        "en": "🧹 This chat's history is forgotten.",
+    },
+    "no_trace": {
+        "zh": "本聊天还没有回答记录。",
+        "en": "No answer in this chat yet.",
+    },
+    "trace_header": {
+        "zh": "上一次回答（{status}，{seconds:.1f} 秒）的步骤：",
+        "en": "Steps of the last answer ({status}, {seconds:.1f} s):",
+    },
+    "trace_no_steps": {
+        "zh": "（没有调用工具，直接回答）",
+        "en": "(answered directly, no tool used)",
+    },
+    "tools_header": {
+        "zh": "本聊天可用的工具：",
+        "en": "Tools enabled here:",
+    },
+    "no_tools": {
+        "zh": "本聊天没有启用任何工具。",
+        "en": "No tool is enabled here.",
+    },
+    "timeout": {
+        "zh": "抱歉，这次回答用时太长，已经停止。请换个问法再试一次。",
+        "en": "Sorry, this answer took too long and was stopped. Please try again, perhaps phrased differently.",
+    },
+    "model_error": {
+        "zh": "抱歉，模型暂时无法回答，请稍后再试。",
+        "en": "Sorry, the model cannot answer right now. Please try again in a moment.",
+    },
+    "apology": {
+        "zh": "抱歉，出了点问题，请稍后再试。",
+        "en": "Sorry, something went wrong. Please try again in a moment.",
+    },
+}
+
+
+def language(code: str | None) -> str:
+    """'zh' for any Chinese language code (zh, zh-hans, zh-TW...), else 'en'."""
+    return "zh" if (code or "").lower().startswith("zh") else "en"
+
+
+def text(key: str, lang: str, **values: object) -> str:
+    """The message `key` in `lang` (falling back to English), with `values` filled in."""
+    variants = TEXTS[key]
+    return variants.get(lang, variants["en"]).format(**values)

@@ -1,0 +1,89 @@
+"""Usage figures for /stats, from the database: turns, tool calls, errors and median latency per day and per chat.
+
+Errors count turns that failed (the model or the backend failed: status `error`) and tool calls that failed
+(an exception, a time-out, bad arguments). Cancelled turns count as turns but not in the latency.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from migrations import Database
+
+DEFAULT_DAYS = 7
+MAX_DAYS = 366
+MAX_CHATS_SHOWN = 20
+
+
+@dataclass
+class Figures:
+    """Totals for one day or one chat."""
+
+    label: str
+    turns: int = 0
+    tool_calls: int = 0
+    errors: int = 0
+    durations_ms: list[int] = field(default_factory=list)
+
+    @property
+    def median_seconds(self) -> float | None:
+        """The median turn latency in seconds, or None without a finished turn."""
+        return statistics.median(self.durations_ms) / 1000 if self.durations_ms else None
+
+    def line(self) -> str:
+        """One line of the report."""
+        median = "—" if self.median_seconds is None else f"{self.median_seconds:.1f} s"
+        return (f"{self.label}: turns {self.turns} · tool calls {self.tool_calls} · errors {self.errors} · "
+                f"median {median}")
+
+
+@dataclass
+class Report:
+    """Figures per day, per chat and in total over a period."""
+
+    days: int
+    by_day: list[Figures]
+    by_chat: list[Figures]
+    total: Figures
+
+    def text(self) -> str:
+        """The report as /stats shows it."""
+        if not self.total.turns:
+            return f"📊 No turns in the last {self.days} days."
+        lines = [f"📊 Last {self.days} days", self.total.line(), "", "By day:"]
+        lines += [f.line() for f in self.by_day]
+        lines += ["", "By chat:"] + [f.line() for f in self.by_chat[:MAX_CHATS_SHOWN]]
+        if len(self.by_chat) > MAX_CHATS_SHOWN:
+            lines.append(f"… and {len(self.by_chat) - MAX_CHATS_SHOWN} more chats")
+        return "\n".join(lines)
+
+
+async def usage_report(db: Database, days: int = DEFAULT_DAYS) -> Report:
+    """Figures for the last `days` days (UTC)."""
+    since = (datetime.now(timezone.utc) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S")
+    rows = await db.fetchall(
+        "SELECT substr(t.started_at, 1, 10), s.chat_id, COALESCE(s.title, ''), t.session_id, t.status, "
+        "t.duration_ms, "
+        "(SELECT count(*) FROM steps st WHERE st.turn_id = t.id AND st.kind IN ('tool', 'repeated')), "
+        "(SELECT count(*) FROM steps st WHERE st.turn_id = t.id AND st.kind = 'tool' AND st.error IS NOT NULL) "
+        "FROM turns t LEFT JOIN sessions s ON s.id = t.session_id WHERE t.started_at >= ? ORDER BY t.started_at",
+        (since,))
+    by_day: dict[str, Figures] = {}
+    by_chat: dict[str, Figures] = {}
+    total = Figures("Total")
+    for day, chat_id, title, session_id, status, duration_ms, tool_calls, tool_errors in rows:
+        chat = f"{title} ({chat_id})" if title else str(chat_id if chat_id is not None else session_id)
+        for figures in (by_day.setdefault(day, Figures(day)), by_chat.setdefault(chat, Figures(chat)), total):
+            _add(figures, status, duration_ms, tool_calls, tool_errors)
+    chats = sorted(by_chat.values(), key=lambda f: -f.turns)
+    return Report(days, list(by_day.values()), chats, total)
+
+
+def _add(figures: Figures, status: str, duration_ms: int, tool_calls: int, tool_errors: int) -> None:
+    figures.turns += 1
+    figures.tool_calls += tool_calls
+    figures.errors += tool_errors + (status == "error")
+    if status != "cancelled":
+        figures.durations_ms.append(duration_ms)

@@ -1,0 +1,121 @@
+"""Turn order: per chat session, turns run in the order their messages arrived; per user, one at a time.
+
+A handler `reserve`s a slot before its first `await`, so the slot order is the update order. A slot then waits
+for the previous slot of its session and the previous slot of its user; both were reserved earlier, so no two
+slots can wait on each other and there is no deadlock. Other chats and users go on in parallel.
+
+Each slot carries the `CancelToken` its turn gives the model: `/cancel` and shutdown set it, and a slot cancelled
+while still waiting never runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from agent.llm.base import CancelToken
+
+# Why a slot was cancelled.
+BY_USER = "user"
+BY_SHUTDOWN = "shutdown"
+BY_TIMEOUT = "timeout"
+
+
+@dataclass(eq=False)
+class TurnSlot:
+    """One question's place in line."""
+
+    session_id: str
+    user_id: int
+    update_id: int | None
+    cancel: CancelToken = field(default_factory=CancelToken)
+    cancelled_by: str | None = None
+    running: bool = False
+    answered: bool = False
+    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    after_session: asyncio.Future | None = None
+    after_user: asyncio.Future | None = None
+
+    @property
+    def behind_own_turn(self) -> bool:
+        """Whether the same user's previous question is still waiting or running."""
+        return self.after_user is not None and not self.after_user.done()
+
+    def stop(self, reason: str) -> None:
+        """Cancel the turn (its model call stops at the next step) or, if it waits, its future run."""
+        if self.cancelled_by is None:
+            self.cancelled_by = reason
+        self.cancel.cancel()
+
+
+class TurnScheduler:
+    """The slots of every waiting or running turn."""
+
+    def __init__(self) -> None:
+        self._session_tail: dict[str, TurnSlot] = {}
+        self._user_tail: dict[int, TurnSlot] = {}
+        self._slots: set[TurnSlot] = set()
+        self.closing = False
+        # Updates whose turn shutdown stopped before it answered: polling leaves them unconfirmed.
+        self.interrupted: set[int] = set()
+
+    def reserve(self, session_id: str, user_id: int, update_id: int | None = None) -> TurnSlot:
+        """Take the next place in line for `session_id` and `user_id` (synchronous: call before any await)."""
+        slot = TurnSlot(session_id, user_id, update_id)
+        if (previous := self._session_tail.get(session_id)) is not None:
+            slot.after_session = previous.done
+        if (previous := self._user_tail.get(user_id)) is not None:
+            slot.after_user = previous.done
+        self._session_tail[session_id] = slot
+        self._user_tail[user_id] = slot
+        self._slots.add(slot)
+        if self.closing:
+            slot.stop(BY_SHUTDOWN)
+        return slot
+
+    async def wait_turn(self, slot: TurnSlot) -> bool:
+        """Wait until the slot may run; False when it was cancelled meanwhile."""
+        for earlier in (slot.after_session, slot.after_user):
+            if earlier is not None:
+                await asyncio.shield(earlier)
+        slot.running = slot.cancelled_by is None
+        return slot.running
+
+    def release(self, slot: TurnSlot) -> None:
+        """The slot's turn is over (answered, refused or cancelled): let the next ones go."""
+        slot.running = False
+        if slot.cancelled_by == BY_SHUTDOWN and not slot.answered and slot.update_id is not None:
+            self.interrupted.add(slot.update_id)
+        if not slot.done.done():
+            slot.done.set_result(None)
+        self._slots.discard(slot)
+        # Forget tails that point at finished slots, so idle chats and users hold no memory.
+        if self._session_tail.get(slot.session_id) is slot:
+            del self._session_tail[slot.session_id]
+        if self._user_tail.get(slot.user_id) is slot:
+            del self._user_tail[slot.user_id]
+
+    def cancel(self, session_id: str, user_id: int | None = None) -> int:
+        """Cancel the waiting and running turns of a session (only `user_id`'s, when given); how many."""
+        chosen = [s for s in self._slots if s.session_id == session_id and s.cancelled_by is None
+                  and (user_id is None or s.user_id == user_id)]
+        for slot in chosen:
+            slot.stop(BY_USER)
+        return len(chosen)
+
+    def cancel_all(self, reason: str = BY_SHUTDOWN) -> int:
+        """Cancel every waiting and running turn (shutdown); how many."""
+        chosen = [s for s in self._slots if s.cancelled_by is None]
+        for slot in chosen:
+            slot.stop(reason)
+        return len(chosen)
+
+    @property
+    def active(self) -> int:
+        """How many turns are waiting or running."""
+        return len(self._slots)
+
+    async def drained(self) -> None:
+        """Wait until no turn waits or runs."""
+        while self._slots:
+            await asyncio.gather(*(asyncio.shield(s.done) for s in list(self._slots)))

@@ -1,0 +1,548 @@
+"""A fake Telegram Bot API server on 127.0.0.1 for tests: real HTTP, scripted users, recorded calls.
+
+    with FakeTelegramServer() as server:
+        alice = User(1001, "Alice")
+        server.send_text(private_chat(alice), alice, "你好")        # queue an update for getUpdates
+        ... run the bot with TELEGRAM_BASE_URL=server.base_url, TELEGRAM_BOT_TOKEN=server.token ...
+        await server.wait_for(lambda: server.sent_texts(alice.id))
+        assert "200" in server.sent_texts(alice.id)[0]
+
+It serves what the bot calls: getMe, getUpdates (long polling with `timeout`; an update stays queued until a later
+call's `offset` confirms it, as Telegram does), sendMessage, editMessageText, deleteMessage, sendChatAction,
+setMyCommands, deleteWebhook, setWebhook and getWebhookInfo. Like the real server it refuses texts over 4096
+characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
+method: error statuses, 429 with `retry_after`, slow answers and dropped connections. Every call is recorded.
+
+The stdlib `ThreadingHTTPServer` runs in a background thread, one thread per connection: the long poll blocks
+its own thread only. Tests on the event loop wait with `await server.wait_for(predicate)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qsl
+
+TOKEN = "123456:TEST-token-for-the-fake-server"
+MAX_TEXT = 4096
+# Form fields PTB sends JSON-encoded; everything else (text, parse_mode, action...) is a plain string.
+JSON_FIELDS = {
+    "chat_id", "message_id", "reply_parameters", "commands", "scope", "timeout", "offset", "limit",
+    "allowed_updates", "message_thread_id", "disable_notification", "link_preview_options", "entities",
+    "drop_pending_updates", "max_connections", "protect_content", "reply_markup", "revoke",
+}
+HTML_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "a", "code", "pre", "tg-spoiler",
+             "span", "blockquote", "tg-emoji"}
+
+
+@dataclass(frozen=True)
+class User:
+    """A Telegram user as the fake sends it in updates."""
+
+    id: int
+    first_name: str
+    language_code: str = "en"
+    username: str | None = None
+    is_bot: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        data = {"id": self.id, "is_bot": self.is_bot, "first_name": self.first_name,
+                "language_code": self.language_code}
+        if self.username:
+            data["username"] = self.username
+        return data
+
+
+@dataclass(frozen=True)
+class Chat:
+    """A chat: private (id = the user's id), group or supergroup (negative ids), maybe with forum topics."""
+
+    id: int
+    type: str = "private"
+    title: str = ""
+    is_forum: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"id": self.id, "type": self.type}
+        if self.title:
+            data["title"] = self.title
+        if self.is_forum:
+            data["is_forum"] = True
+        return data
+
+
+def private_chat(user: User) -> Chat:
+    """The private chat between `user` and the bot."""
+    return Chat(user.id, "private")
+
+
+def group_chat(chat_id: int = -1001234567890, title: str = "Team", *, forum: bool = False) -> Chat:
+    """A supergroup (optionally a forum with topics)."""
+    return Chat(chat_id, "supergroup", title, forum)
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One request as the server received it, and how it answered."""
+
+    method: str
+    params: dict[str, Any]
+    status: int
+    at: float  # time.monotonic()
+    result: Any = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the server answered 200."""
+        return self.status == 200
+
+
+@dataclass
+class Failure:
+    """A scripted failure of `method`: the next `times` matching calls get it."""
+
+    method: str
+    status: int = 500
+    description: str = "Internal Server Error"
+    retry_after: float | None = None
+    times: int = 1
+    when: Callable[[dict[str, Any]], bool] | None = None
+    delay: float = 0.0  # answer this late (with the failure, or normally when status is 200)
+    drop: bool = False  # close the connection without answering
+
+
+@dataclass
+class _State:
+    updates: list[dict[str, Any]] = field(default_factory=list)  # not yet confirmed by an offset
+    messages: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    next_message_id: dict[int, int] = field(default_factory=dict)
+    webhook_url: str = ""
+
+
+class FakeTelegramServer:
+    """A Bot API server on a free port of 127.0.0.1, holding one bot."""
+
+    def __init__(self, *, token: str = TOKEN, bot_id: int = 777000, bot_username: str = "qwen_test_bot") -> None:
+        self.token = token
+        self.bot = User(bot_id, "Qwen Test Bot", username=bot_username, is_bot=True)
+        self.calls: list[ApiCall] = []
+        self.polls_started = 0  # getUpdates calls received (a call is recorded only when it answers)
+        self.failures: list[Failure] = []
+        self._state = _State()
+        self._update_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._stopping = threading.Event()
+        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd.daemon_threads = True
+        self._httpd.fake = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-telegram", daemon=True)
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+        return self._httpd.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        """What TELEGRAM_BASE_URL should be to reach this server (the token is appended by the client)."""
+        return f"http://127.0.0.1:{self.port}/bot"
+
+    def start(self) -> "FakeTelegramServer":
+        """Start serving in a background thread."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Release long polls and stop serving."""
+        self._stopping.set()
+        with self._changed:
+            self._changed.notify_all()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeTelegramServer":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # --- what users do ---------------------------------------------------------------------------------------
+
+    def push_update(self, kind: str, message: dict[str, Any]) -> int:
+        """Queue an update of `kind` (message, edited_message, channel_post...) and return its update id."""
+        with self._changed:
+            update_id = next(self._update_ids)
+            self._state.updates.append({"update_id": update_id, kind: message})
+            self._changed.notify_all()
+        return update_id
+
+    def send_text(self, chat: Chat, user: User, text: str, *, reply_to: int | None = None,
+                  thread_id: int | None = None) -> int:
+        """`user` writes `text` in `chat` (commands and @mentions get their entities); returns the message id."""
+        message = self._user_message(chat, user, thread_id, reply_to)
+        message["text"] = text
+        entities = _entities(text)
+        if entities:
+            message["entities"] = entities
+        self.push_update("message", message)
+        return message["message_id"]
+
+    def send_sticker(self, chat: Chat, user: User) -> int:
+        """`user` sends a sticker (no text) in `chat`; returns the message id."""
+        message = self._user_message(chat, user, None, None)
+        message["sticker"] = {"file_id": "sticker-1", "file_unique_id": "s1", "type": "regular",
+                              "width": 512, "height": 512, "is_animated": False, "is_video": False}
+        self.push_update("message", message)
+        return message["message_id"]
+
+    def edit_text(self, chat: Chat, user: User, message_id: int, text: str) -> int:
+        """`user` edits their message `message_id` to `text`; returns the update id."""
+        with self._lock:
+            original = dict(self._state.messages[(chat.id, message_id)])
+        original.update(text=text, edit_date=int(time.time()), entities=_entities(text))
+        return self.push_update("edited_message", original)
+
+    def _user_message(self, chat: Chat, user: User, thread_id: int | None, reply_to: int | None) -> dict[str, Any]:
+        with self._lock:
+            message: dict[str, Any] = {"message_id": self._new_message_id(chat.id), "date": int(time.time()),
+                                       "chat": chat.as_dict(), "from": user.as_dict()}
+            if thread_id is not None:
+                message.update(message_thread_id=thread_id, is_topic_message=True)
+            if reply_to is not None:
+                message["reply_to_message"] = dict(self._state.messages[(chat.id, reply_to)])
+            self._state.messages[(chat.id, message["message_id"])] = message
+        return message
+
+    def _new_message_id(self, chat_id: int) -> int:
+        number = self._state.next_message_id.get(chat_id, 1)
+        self._state.next_message_id[chat_id] = number + 1
+        return number
+
+    # --- scripting failures ----------------------------------------------------------------------------------
+
+    def fail(self, method: str, *, status: int = 500, description: str = "", retry_after: float | None = None,
+             times: int = 1, when: Callable[[dict[str, Any]], bool] | None = None, delay: float = 0.0,
+             drop: bool = False) -> Failure:
+        """Make the next `times` calls of `method` (those `when` accepts) fail; `times=-1` means always."""
+        failure = Failure(method, status, description or _default_description(status, retry_after), retry_after,
+                          times, when, delay, drop)
+        with self._lock:
+            self.failures.append(failure)
+        return failure
+
+    def _take_failure(self, method: str, params: dict[str, Any]) -> Failure | None:
+        with self._lock:
+            for failure in self.failures:
+                if failure.method == method and failure.times != 0 and (failure.when is None or failure.when(params)):
+                    failure.times -= 1 if failure.times > 0 else 0
+                    return failure
+        return None
+
+    # --- what tests read -------------------------------------------------------------------------------------
+
+    def calls_to(self, method: str, *, ok: bool | None = None) -> list[ApiCall]:
+        """Recorded calls of `method`, in arrival order (only successful ones with ok=True)."""
+        with self._lock:
+            return [c for c in self.calls if c.method == method and (ok is None or c.ok == ok)]
+
+    def sent(self, chat_id: int | None = None) -> list[ApiCall]:
+        """Messages the server accepted from the bot (sendMessage answered 200), optionally in one chat."""
+        return [c for c in self.calls_to("sendMessage", ok=True) if chat_id is None or c.params["chat_id"] == chat_id]
+
+    def sent_texts(self, chat_id: int | None = None) -> list[str]:
+        """The visible texts of accepted messages, in order."""
+        return [c.result["text"] for c in self.sent(chat_id)]
+
+    def visible_messages(self, chat_id: int) -> list[str]:
+        """What the chat shows from the bot now: accepted messages after edits and deletions, in order."""
+        with self._lock:
+            return [m["text"] for (chat, _), m in sorted(self._state.messages.items())
+                    if chat == chat_id and m["from"]["id"] == self.bot.id]
+
+    @property
+    def pending_updates(self) -> list[int]:
+        """Ids of updates not yet confirmed by a getUpdates offset."""
+        with self._lock:
+            return [u["update_id"] for u in self._state.updates]
+
+    async def wait_for(self, predicate: Callable[[], Any], timeout: float = 5.0, message: str = "") -> Any:
+        """Poll `predicate` on the event loop until it is truthy; fail the test after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while not (value := predicate()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting: {message or predicate}")
+            await asyncio.sleep(0.01)
+        return value
+
+    async def settle(self, quiet: float = 0.3) -> None:
+        """Wait until no call has arrived for `quiet` seconds (apart from long polls): the bot is idle."""
+        while True:
+            with self._lock:
+                last = max((c.at for c in self.calls if c.method != "getUpdates"), default=0.0)
+            left = last + quiet - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(left)
+
+    # --- the Bot API -----------------------------------------------------------------------------------------
+
+    def handle(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Answer one API call: (HTTP status, JSON body)."""
+        handler = getattr(self, f"_api_{method}", None)
+        if handler is None:
+            return 404, _error(404, "Not Found")
+        try:
+            return 200, {"ok": True, "result": handler(params)}
+        except _ApiError as error:
+            return error.status, _error(error.status, error.description)
+
+    def _record(self, method: str, params: dict[str, Any], status: int, body: dict[str, Any]) -> None:
+        with self._lock:
+            self.calls.append(ApiCall(method, params, status, time.monotonic(), body.get("result")))
+
+    def _api_getMe(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {**self.bot.as_dict(), "can_join_groups": True, "can_read_all_group_messages": False,
+                "supports_inline_queries": False}
+
+    def _api_getUpdates(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        offset, limit = int(params.get("offset") or 0), int(params.get("limit") or 100)
+        allowed = params.get("allowed_updates") or None
+        deadline = time.monotonic() + float(params.get("timeout") or 0)
+        with self._changed:
+            self.polls_started += 1
+            # Telegram forgets an update once a call's offset is above its id: that is the only confirmation.
+            self._state.updates = [u for u in self._state.updates if u["update_id"] >= offset]
+            while not (ready := _deliverable(self._state.updates, allowed)) and not self._stopping.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(min(left, 0.1))
+            return [json.loads(json.dumps(u)) for u in ready[:limit]]
+
+    def _api_sendMessage(self, params: dict[str, Any]) -> dict[str, Any]:
+        text = _visible_text(str(params.get("text", "")), params.get("parse_mode"))
+        chat_id = int(params["chat_id"])
+        with self._lock:
+            message = {"message_id": self._new_message_id(chat_id), "date": int(time.time()),
+                       "chat": self._chat_of(chat_id), "from": self.bot.as_dict(), "text": text}
+            reply_to = (params.get("reply_parameters") or {}).get("message_id")
+            if reply_to is not None and (chat_id, reply_to) in self._state.messages:
+                message["reply_to_message"] = dict(self._state.messages[(chat_id, reply_to)])
+            if params.get("message_thread_id") is not None:
+                message["message_thread_id"] = params["message_thread_id"]
+            self._state.messages[(chat_id, message["message_id"])] = message
+        return message
+
+    def _api_editMessageText(self, params: dict[str, Any]) -> dict[str, Any]:
+        text = _visible_text(str(params.get("text", "")), params.get("parse_mode"))
+        key = (int(params["chat_id"]), int(params["message_id"]))
+        with self._lock:
+            message = self._state.messages.get(key)
+            if message is None or message["from"]["id"] != self.bot.id:
+                raise _ApiError(400, "Bad Request: message to edit not found")
+            if message["text"] == text:
+                raise _ApiError(400, "Bad Request: message is not modified: specified new message content and "
+                                     "reply markup are exactly the same as a current content and reply markup of "
+                                     "the message")
+            message.update(text=text, edit_date=int(time.time()))
+            return dict(message)
+
+    def _api_deleteMessage(self, params: dict[str, Any]) -> bool:
+        with self._lock:
+            if self._state.messages.pop((int(params["chat_id"]), int(params["message_id"])), None) is None:
+                raise _ApiError(400, "Bad Request: message to delete not found")
+        return True
+
+    def _api_sendChatAction(self, params: dict[str, Any]) -> bool:
+        return True
+
+    def _api_setMyCommands(self, params: dict[str, Any]) -> bool:
+        return True
+
+    def _api_deleteWebhook(self, params: dict[str, Any]) -> bool:
+        self._state.webhook_url = ""
+        return True
+
+    def _api_setWebhook(self, params: dict[str, Any]) -> bool:
+        self._state.webhook_url = str(params.get("url", ""))
+        return True
+
+    def _api_getWebhookInfo(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"url": self._state.webhook_url, "has_custom_certificate": False,
+                "pending_update_count": len(self._state.updates)}
+
+    def _chat_of(self, chat_id: int) -> dict[str, Any]:
+        for (chat, _), message in self._state.messages.items():
+            if chat == chat_id:
+                return dict(message["chat"])
+        return {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}
+
+
+class _ApiError(Exception):
+    def __init__(self, status: int, description: str):
+        super().__init__(description)
+        self.status = status
+        self.description = description
+
+
+def _error(status: int, description: str, retry_after: float | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"ok": False, "error_code": status, "description": description}
+    if retry_after is not None:
+        body["parameters"] = {"retry_after": retry_after}
+    return body
+
+
+def _default_description(status: int, retry_after: float | None) -> str:
+    if status == 429:
+        return f"Too Many Requests: retry after {retry_after or 1:g}"
+    return {400: "Bad Request: fake failure", 403: "Forbidden: bot was blocked by the user",
+            502: "Bad Gateway"}.get(status, "Internal Server Error")
+
+
+def _deliverable(updates: list[dict[str, Any]], allowed: list[str] | None) -> list[dict[str, Any]]:
+    if not allowed:
+        return list(updates)
+    return [u for u in updates if any(kind in u for kind in allowed)]
+
+
+def _entities(text: str) -> list[dict[str, Any]]:
+    """The entities Telegram would attach: a leading /command, and @mentions (offsets in UTF-16 units)."""
+    entities = []
+    if text.startswith("/"):
+        command = text.split(maxsplit=1)[0]
+        entities.append({"type": "bot_command", "offset": 0, "length": _utf16_len(command)})
+    position = 0
+    for word in text.split(" "):
+        stripped = word.rstrip(",.!?:;，。！？")
+        if stripped.startswith("@") and len(stripped) > 1:
+            offset = _utf16_len(text[:text.index(word, position)])
+            entities.append({"type": "mention", "offset": offset, "length": _utf16_len(stripped)})
+        position += len(word) + 1
+    return entities
+
+
+def _utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _visible_text(text: str, parse_mode: str | None) -> str:
+    """The text a user would see, refusing what Telegram refuses: empty, too long, unparseable HTML."""
+    if parse_mode == "HTML":
+        text = _HTMLChecker().visible(text)
+    elif parse_mode:
+        raise _ApiError(400, f"Bad Request: unsupported parse_mode {parse_mode!r} in this fake")
+    if not text.strip():
+        raise _ApiError(400, "Bad Request: message text is empty")
+    if len(text) > MAX_TEXT:
+        raise _ApiError(400, "Bad Request: message is too long")
+    return text
+
+
+class _HTMLChecker(HTMLParser):
+    """Telegram's HTML subset: known tags only, properly nested and closed."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.parts: list[str] = []
+
+    def visible(self, markup: str) -> str:
+        self.feed(markup)
+        self.close()
+        if self.stack:
+            raise _ApiError(400, f"Bad Request: can't parse entities: can't find end tag corresponding to start "
+                                 f"tag \"{self.stack[-1]}\"")
+        return "".join(self.parts)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in HTML_TAGS:
+            raise _ApiError(400, f"Bad Request: can't parse entities: unsupported start tag \"{tag}\"")
+        self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            raise _ApiError(400, f"Bad Request: can't parse entities: unmatched end tag \"{tag}\"")
+        self.stack.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append(data)
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # room for many simultaneous connections (see the fake OpenAI server)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    @property
+    def fake(self) -> FakeTelegramServer:
+        return self.server.fake  # type: ignore[attr-defined]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
+        """Stay quiet: tests assert on recorded calls."""
+
+    def do_GET(self) -> None:
+        """GET works for parameterless methods such as getMe, as on the real server."""
+        self._serve({})
+
+    def do_POST(self) -> None:
+        """POST with a form or a JSON body, as PTB sends."""
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode("utf-8")
+        if self.headers.get("Content-Type", "").startswith("application/json"):
+            params = json.loads(raw or "{}")
+        else:
+            params = {key: _decode(key, value) for key, value in parse_qsl(raw, keep_blank_values=True)}
+        self._serve(params)
+
+    def _serve(self, params: dict[str, Any]) -> None:
+        prefix = f"/bot{self.fake.token}/"
+        if not self.path.startswith(prefix):
+            return self._send(401, _error(401, "Unauthorized"))
+        method = self.path[len(prefix):].split("?")[0]
+        failure = self.fake._take_failure(method, params)
+        if failure and failure.delay and self.fake._stopping.wait(failure.delay):
+            return
+        if failure and failure.drop:
+            self.fake._record(method, params, 0, {})
+            self.close_connection = True
+            self.connection.close()
+            return
+        if failure and failure.status != 200:
+            status, body = failure.status, _error(failure.status, failure.description, failure.retry_after)
+        else:
+            status, body = self.fake.handle(method, params)
+        self.fake._record(method, params, status, body)
+        self._send(status, body)
+
+    def _send(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up (a cancelled long poll): nothing to answer
+
+
+def _decode(key: str, value: str) -> Any:
+    if key not in JSON_FIELDS:
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
