@@ -56,7 +56,8 @@ def similarity(query: str, name: str) -> float:
     """How well a normalized query fits a normalized name: 1 for containment, else difflib's ratio."""
     if not query or not name:
         return 0.0
-    if query in name or name in query:
+    # Containment is a match only for queries of some substance: "a" is not a course name.
+    if (query in name and len(query) >= 2) or name in query:
         return 1.0
     return difflib.SequenceMatcher(None, query, name).ratio()
 
