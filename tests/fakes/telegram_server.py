@@ -68,11 +68,14 @@ class Chat:
     type: str = "private"
     title: str = ""
     is_forum: bool = False
+    first_name: str = ""  # private chats carry the user's name
 
     def as_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"id": self.id, "type": self.type}
         if self.title:
             data["title"] = self.title
+        if self.first_name:
+            data["first_name"] = self.first_name
         if self.is_forum:
             data["is_forum"] = True
         return data
@@ -80,7 +83,7 @@ class Chat:
 
 def private_chat(user: User) -> Chat:
     """The private chat between `user` and the bot."""
-    return Chat(user.id, "private")
+    return Chat(user.id, "private", first_name=user.first_name)
 
 
 def group_chat(chat_id: int = -1001234567890, title: str = "Team", *, forum: bool = False) -> Chat:
@@ -121,6 +124,7 @@ class Failure:
 @dataclass
 class _State:
     updates: list[dict[str, Any]] = field(default_factory=list)  # not yet confirmed by an offset
+    pushed: dict[int, dict[str, Any]] = field(default_factory=dict)  # every update ever queued, by id
     messages: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     next_message_id: dict[int, int] = field(default_factory=dict)
     webhook_url: str = ""
@@ -185,8 +189,16 @@ class FakeTelegramServer:
         with self._changed:
             update_id = next(self._update_ids)
             self._state.updates.append({"update_id": update_id, kind: message})
+            self._state.pushed[update_id] = self._state.updates[-1]
             self._changed.notify_all()
         return update_id
+
+    def redeliver(self, update_id: int) -> None:
+        """Queue an update again, same id: what Telegram does when it never saw the confirmation."""
+        with self._changed:
+            self._state.updates.append(self._state.pushed[update_id])
+            self._state.updates.sort(key=lambda u: u["update_id"])
+            self._changed.notify_all()
 
     def send_text(self, chat: Chat, user: User, text: str, *, reply_to: int | None = None,
                   thread_id: int | None = None) -> int:
