@@ -193,8 +193,8 @@ class _Intake:
             await self.updater.stop()
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
-        if self.updater is not None:
-            await self.updater.shutdown()
+        # Not `updater.shutdown()`: it would shut the bot's HTTP client while handlers still send answers;
+        # `Application.shutdown` does that once they are done.
 
 
 async def _start_intake(application: Application, settings: Settings, dispatcher: Dispatcher,

@@ -114,14 +114,14 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
                             reply_to=message.message_id, thread_id=topic_of(message),
                             typing_every=settings.typing_interval_seconds,
                             progress_after=settings.progress_after_seconds)
-    async with feedback:
-        answer = await agent_answer(context, message, session, question, slot, lang, feedback)
     try:
+        async with feedback:
+            answer = await agent_answer(context, message, session, question, slot, lang, feedback)
         if answer is not None:
             await reply(message, answer)
             slot.answered = True
     finally:
-        await feedback.remove()
+        await feedback.remove()  # the answer (or the apology of the error handler) replaces it
 
 
 async def agent_answer(context: BotContext, message: Message, session: Session, question: str, slot: TurnSlot,

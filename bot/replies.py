@@ -129,9 +129,10 @@ async def with_retries(call: Callable[[], Awaitable[Message]], attempts: int = S
             if attempt == attempts:
                 raise
             await asyncio.sleep(retry_after_seconds(error))
-        except NetworkError:  # includes TimedOut and 5xx answers
+        except NetworkError as error:  # includes TimedOut and 5xx answers
             if attempt == attempts:
                 raise
+            log.info("sending failed (%s); retrying", error)
             await asyncio.sleep(RETRY_PAUSE_SECONDS * attempt)
     raise AssertionError("unreachable")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -113,14 +114,22 @@ async def running_bot(server: FakeTelegramServer, tmp_path: Path, replies: Seque
     task = asyncio.create_task(serve(application, settings, stop_event, poll_timeout=1))
     bot = RunningBot(server, settings, llm, application, stop_event, task)
     # getUpdates is recorded when it answers: wait for the first long poll to be under way instead.
-    await server.wait_for(lambda: task.done() or _polling(server, polls_before), 10, "the bot to start polling")
+    await server.wait_for(lambda: task.done() or _ready(server, settings, polls_before), 10, "the bot to start")
     if task.done():
         task.result()  # start-up failed: raise its error here
     return bot
 
 
-def _polling(server: FakeTelegramServer, polls_before: int) -> bool:
+def _ready(server: FakeTelegramServer, settings: Settings, polls_before: int) -> bool:
+    if settings.webhook_url:
+        return _listening(settings.webhook_listen, settings.webhook_port)
     return server.polls_started > polls_before
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.05)
+        return sock.connect_ex((host, port)) == 0
 
 
 @pytest.fixture

@@ -355,7 +355,7 @@ class FakeTelegramServer:
             if params.get("message_thread_id") is not None:
                 message["message_thread_id"] = params["message_thread_id"]
             self._state.messages[(chat_id, message["message_id"])] = message
-        return message
+        return dict(message)  # a copy: the recorded call keeps the text as sent, whatever edits follow
 
     def _api_editMessageText(self, params: dict[str, Any]) -> dict[str, Any]:
         text = _visible_text(str(params.get("text", "")), params.get("parse_mode"))
