@@ -136,6 +136,10 @@ def _mention_of(message: Message, bot_username: str) -> tuple[int, int] | None:
 
 
 def _strip_span(text: str, span: tuple[int, int]) -> str:
-    """Text without the span, with the spaces and punctuation left around it tidied."""
-    joined = text[:span[0]].rstrip() + " " + text[span[1]:].lstrip(" ,，:：")
-    return re.sub(r"\s{2,}", " ", joined).strip()
+    """Text without the span, with the commas and spaces that went with it tidied ("x, @bot?" → "x?")."""
+    left = text[:span[0]].rstrip().rstrip(",，:：").rstrip()
+    right = text[span[1]:].lstrip(" ,，:：")
+    if not left or not right:
+        return (left or right).strip()
+    separator = "" if right[0] in "?!.。？！，,;；" else " "
+    return re.sub(r"\s{2,}", " ", left + separator + right).strip()

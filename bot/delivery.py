@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_SECONDS = 30
 ALLOWED_UPDATES = ["message"]  # edits, channel posts, reactions... are never even fetched
 KEEP_HANDLED_DAYS = 3  # Telegram redelivers unconfirmed updates for 24 hours: keep ids well beyond that
+PRUNE_EVERY = 1000  # handled updates between two prunings of the journal
 BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
 FINISH_BOUND_SECONDS = 10  # after cancelling, how long cancelled turns get to wind down
 
@@ -81,6 +82,7 @@ class Dispatcher:
         self.journal = journal
         self.turns = turns
         self.tasks: dict[int, asyncio.Task] = {}
+        self.handled = 0
 
     async def accept(self, updates: Sequence[Update]) -> None:
         """Journal the updates, then start handling the new ones (in order)."""
@@ -109,8 +111,11 @@ class Dispatcher:
                 await self._mark_handled(update.update_id)
 
     async def _mark_handled(self, update_id: int) -> None:
+        self.handled += 1
         try:
             await self.journal.mark_handled(update_id)
+            if self.handled % PRUNE_EVERY == 0:
+                await self.journal.prune()
         except Exception:  # the database is gone or locked: the update is handled again after a restart
             log.warning("could not mark update %s handled", update_id, exc_info=True)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from telegram import Message, Update, User
+from telegram.error import Forbidden
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.memory import Session, StoredTurn
@@ -240,7 +241,10 @@ async def unknown_command(update: Update, context: BotContext) -> None:
 # --- errors ----------------------------------------------------------------------------------------------------
 
 async def on_error(update: object, context: BotContext) -> None:
-    """Log a handler's failure (never the token: see bot/app.py) and give the user a short apology."""
+    """Log a handler's failure and give the user a short apology (the token never reaches a log: bot/logs.py)."""
+    if isinstance(context.error, Forbidden):
+        log.info("update %s: the user blocked the bot or left the chat", getattr(update, "update_id", "?"))
+        return
     log.error("handling update %s failed", getattr(update, "update_id", "?"), exc_info=context.error)
     if not isinstance(update, Update) or update.effective_message is None:
         return
