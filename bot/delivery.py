@@ -106,9 +106,12 @@ class Dispatcher:
             # Handler errors go to the application's error handler; process_update itself does not raise.
             await self.application.process_update(update)
         finally:
-            self.tasks.pop(update.update_id, None)
-            if update.update_id not in self.turns.interrupted:
-                await self._mark_handled(update.update_id)
+            try:
+                if update.update_id not in self.turns.interrupted:
+                    await self._mark_handled(update.update_id)
+            finally:
+                # Only now: `finish` waits for what is in `tasks`, and the database must outlive the marking.
+                self.tasks.pop(update.update_id, None)
 
     async def _mark_handled(self, update_id: int) -> None:
         self.handled += 1
