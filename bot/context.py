@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from telegram.ext import Application, CallbackContext, ExtBot
+from telegram.ext import CallbackContext, ExtBot
 
 from bot.access import AccessControl
 from bot.config import Settings
@@ -25,9 +25,6 @@ SETTINGS = "settings"
 
 class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
     """The context every handler receives."""
-
-    def __init__(self, application: Application, chat_id: int | None = None, user_id: int | None = None):
-        super().__init__(application=application, chat_id=chat_id, user_id=user_id)
 
     @property
     def settings(self) -> Settings:

@@ -117,7 +117,7 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
                             progress_after=settings.progress_after_seconds)
     try:
         async with feedback:
-            answer = await agent_answer(context, message, session, question, slot, lang, feedback)
+            answer = await agent_answer(context, session, question, slot, lang, feedback)
         if answer is not None:
             await reply(message, answer)
             slot.answered = True
@@ -125,8 +125,8 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
         await feedback.remove()  # the answer (or the apology of the error handler) replaces it
 
 
-async def agent_answer(context: BotContext, message: Message, session: Session, question: str, slot: TurnSlot,
-                       lang: str, feedback: TurnFeedback) -> str | None:
+async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
+                       feedback: TurnFeedback) -> str | None:
     """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
     source_key = f"tg:update:{slot.update_id}" if slot.update_id is not None else None
     if source_key and (stored := await stored_answer(context, source_key)) is not None:
@@ -137,7 +137,8 @@ async def agent_answer(context: BotContext, message: Message, session: Session, 
     except LLMTimeout:
         return text("timeout", lang)
     except LLMCancelled:
-        # /cancel already said "stopped"; at shutdown the update is left unconfirmed and answered after restart.
+        # /cancel already said "stopped"; a turn stopped by shutdown stays unhandled in the update journal and is
+        # answered after the restart (bot/delivery.py).
         return None if slot.cancelled_by in (BY_USER, BY_SHUTDOWN) else text("timeout", lang)
     except LLMError as error:
         log.warning("model failed in %s: %s", session.id, error)
