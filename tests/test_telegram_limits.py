@@ -213,3 +213,14 @@ async def test_the_long_poll_survives_server_errors(start_bot, telegram_server):
     telegram_server.fail("getUpdates", status=502, times=2)
     await asyncio.sleep(0.1)
     assert await bot.ask(private_chat(ALICE), ALICE, "are you there?") == "still here"
+
+
+async def test_in_a_group_cancel_stops_only_your_own_turn_unless_you_are_an_admin(start_bot, telegram_server):
+    bot = await start_bot([final("never")], delay=30)
+    telegram_server.send_text(TEAM, CAROL, "/ask a slow one")
+    await telegram_server.wait_for(lambda: bot.llm.requests, message="the model to start")
+
+    assert await bot.ask(TEAM, ALICE, "/cancel") == "现在没有正在进行的回答。"
+    assert await bot.ask(TEAM, ADMIN, "/cancel") == "⏹ Stopped. You can ask again."
+    await telegram_server.wait_for(lambda: not bot.application.bot_data["turns"].active)
+    assert await bot.query("SELECT status FROM turns") == [("cancelled",)]
