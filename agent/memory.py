@@ -79,9 +79,10 @@ class Memory:
             kept[:0] = turn
         return kept
 
-    async def is_stored(self, source_key: str) -> bool:
-        """Whether a turn from this source (e.g. a Telegram update) is already stored."""
-        return await self.db.fetchone("SELECT 1 FROM turns WHERE source_key = ?", (source_key,)) is not None
+    async def stored_answer(self, source_key: str) -> str | None:
+        """The answer of the turn already stored for this source (e.g. a Telegram update), or None."""
+        row = await self.db.fetchone("SELECT answer FROM turns WHERE source_key = ?", (source_key,))
+        return None if row is None else str(row[0])
 
     async def save_turn(self, session: Session, record: TurnRecord, *, to_history: bool = True) -> int:
         """Store a turn, its steps and (when `to_history`) its question and answer, all in one transaction.

@@ -129,7 +129,7 @@ async def agent_answer(context: BotContext, session: Session, question: str, slo
                        feedback: TurnFeedback) -> str | None:
     """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
     source_key = f"tg:update:{slot.update_id}" if slot.update_id is not None else None
-    if source_key and (stored := await stored_answer(context, source_key)) is not None:
+    if source_key and (stored := await context.services.memory.stored_answer(source_key)) is not None:
         return stored  # a redelivered update (restart): answer it again, do not store it twice
     try:
         result = await context.services.agent.run(session, question, user_id=slot.user_id, source_key=source_key,
@@ -144,12 +144,6 @@ async def agent_answer(context: BotContext, session: Session, question: str, slo
         log.warning("model failed in %s: %s", session.id, error)
         return text("model_error", lang)
     return result.answer
-
-
-async def stored_answer(context: BotContext, source_key: str) -> str | None:
-    """The answer already stored for this update, if it was answered before a restart."""
-    row = await context.services.db.fetchone("SELECT answer FROM turns WHERE source_key = ?", (source_key,))
-    return None if row is None else str(row[0])
 
 
 async def non_text(update: Update, context: BotContext) -> None:
