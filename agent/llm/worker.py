@@ -140,6 +140,7 @@ class ModelWorker:
         self._exited: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._current: list[Job] = []
+        self._closing = threading.Event()
 
     async def start(self) -> LoadedModel:
         """Start the thread, load the model on it, and wait (without blocking the loop) until it is ready."""
@@ -150,17 +151,20 @@ class ModelWorker:
 
     def submit(self, job: Job) -> None:
         """Queue a job for the next batch; called on the event loop."""
-        if self._exited is None or self._exited.done():
+        if self._exited is None or self._closing.is_set():
             raise LLMError("the local model is not running (start() was not called, or it has closed)")
         self._jobs.put(job)
+        if self._closing.is_set():  # it closed between the check and the put: nobody will take the job now
+            job.settle(error=LLMError("the local model is shutting down"))
 
     async def close(self) -> None:
         """Cancel what is queued or running, and wait for the thread to finish its batch and exit."""
         if self._exited is None or self._exited.done():
             return
+        self._closing.set()  # before cancelling: a batch taken meanwhile sees it and is not started
         for job in list(self._current):
             job.own_cancel.cancel()
-        self._jobs.put(_CLOSE)
+        self._jobs.put(_CLOSE)  # wakes the thread if it is waiting for work
         await asyncio.shield(self._exited)
 
     # ── everything below runs on the model thread ────────────────────────────────────────────────────────────
@@ -175,8 +179,19 @@ class ModelWorker:
         self._signal(self._loaded, loaded, None)
         try:
             self._serve(loaded)
+        except BaseException:
+            log.exception("the model thread crashed")
+            raise
         finally:
-            self._signal(self._exited, None, None)
+            self._stop_serving()
+
+    def _stop_serving(self) -> None:
+        """Whatever ended the thread, nobody may be left waiting (settling a settled job is a no-op)."""
+        self._closing.set()
+        stopped = LLMError("the local model has stopped")
+        _fail_jobs(self._current, stopped)
+        self._fail_queued(stopped)
+        self._signal(self._exited, None, None)
 
     def _signal(self, future: asyncio.Future | None, result: Any, error: BaseException | None) -> None:
         if future is not None and self._loop is not None and not self._loop.is_closed():
@@ -184,28 +199,28 @@ class ModelWorker:
 
     def _serve(self, loaded: LoadedModel) -> None:
         while True:
-            batch, closing = self._next_batch()
-            if batch:
-                self._current = batch
-                self._run_batch(loaded, batch)
-                self._current = []
-            if closing:
-                self._fail_queued(LLMError("the local model is shutting down"))
+            self._current = self._next_batch()
+            if self._closing.is_set():
+                closed = LLMError("the local model is shutting down")
+                _fail_jobs(self._current, closed)
+                self._fail_queued(closed)
                 return
+            self._run_batch(loaded, self._current)
+            self._current = []
 
-    def _next_batch(self) -> tuple[list[Job], bool]:
+    def _next_batch(self) -> list[Job]:
         """Block for one job, then take whatever else is already waiting, up to the batch size."""
         batch: list[Job] = []
         item = self._jobs.get()
         while item is not _CLOSE:
             batch.append(item)
             if len(batch) >= self.batch_size:
-                return batch, False
+                break
             try:
                 item = self._jobs.get_nowait()
             except queue.Empty:
-                return batch, False
-        return batch, True
+                break
+        return batch
 
     def _fail_queued(self, error: LLMError) -> None:
         while True:
@@ -321,10 +336,14 @@ def _settle_row(tokenizer: Any, row: _Row) -> None:
 
 
 def _fail(rows: list[_Row], error: LLMError) -> None:
-    for row in rows:
-        row.job.settle(error=error)
+    _fail_jobs([row.job for row in rows], error)
 
 
 def _free_device_memory() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _fail_jobs(jobs: list[Job], error: LLMError) -> None:
+    for job in jobs:
+        job.settle(error=error)

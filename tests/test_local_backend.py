@@ -1,0 +1,220 @@
+"""The local backend on a real model: SmolLM2-135M-Instruct (GGUF, ChatML) loaded through the real loading code.
+
+The model is loaded once for the module (about 20 s on two cores); every test then drives `LocalLLM` the way the
+agent does, from the event loop. Nothing about the model is mocked: failures inside `generate` are provoked through
+the one hook a caller really has into a running generation, its cancel token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory, ModelLoadError
+from agent.llm.base import CancelToken, Completion
+from agent.llm.local import LocalLLM
+
+GGUF = Path(__file__).resolve().parents[1] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+HAIKU = [{"role": "user", "content": "Write a haiku about the sea."}]
+FRUITS = [{"role": "user", "content": "List three fruits."}]
+SKY = [{"role": "user", "content": "Why is the sky blue?"}]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def llm():
+    """The offline model behind `LocalLLM`, started once for the whole module."""
+    if not GGUF.is_file():
+        pytest.fail(f"{GGUF} is missing: run scripts/fetch_assets.sh (scripts/test.sh does)")
+    backend = LocalLLM(str(GGUF), device_map="cpu", batch_size=8)
+    await backend.start()
+    yield backend
+    await backend.close()
+
+
+async def run_as_one_batch(llm: LocalLLM, *calls: dict) -> list:
+    """Run `calls` (keyword arguments of `complete`) so that they share one batch.
+
+    A short request keeps the model thread busy first; everything submitted meanwhile waits in the queue and is
+    taken together as the next batch.
+    """
+    busy = asyncio.create_task(llm.complete(SKY, max_new_tokens=6))
+    await asyncio.sleep(0.05)
+    results = await asyncio.gather(*(llm.complete(**call) for call in calls), return_exceptions=True)
+    await busy
+    return results
+
+
+class ExplodingToken(CancelToken):
+    """A cancel token that raises `error` once generation asks it whether to stop (the first look is before)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__()
+        self.error, self.looks = error, 0
+
+    @property
+    def cancelled(self) -> bool:
+        self.looks += 1
+        if self.looks > 1:
+            raise self.error
+        return False
+
+
+@pytest.mark.real_model
+async def test_chat_template_opens_a_new_assistant_turn(llm: LocalLLM) -> None:
+    reply = await llm.complete(FRANCE, max_new_tokens=12)
+    assert reply.text.startswith("The capital of France is Paris")
+    assert reply.prompt_tokens > llm.count_tokens(FRANCE[0]["content"])  # the template wrapped the question
+
+
+@pytest.mark.real_model
+async def test_a_final_assistant_message_is_continued_not_restarted(llm: LocalLLM) -> None:
+    prefix = {"role": "assistant", "content": "The capital of France is"}
+    reply = await llm.complete([*FRANCE, prefix], max_new_tokens=6)
+    assert reply.text.startswith(" Paris")
+
+
+@pytest.mark.real_model
+async def test_generation_ends_at_a_stop_string_which_is_trimmed(llm: LocalLLM) -> None:
+    free = await llm.complete(HAIKU, max_new_tokens=24)
+    assert "\n" in free.text and free.finish_reason == "length"
+
+    stopped = await llm.complete(HAIKU, max_new_tokens=24, stop=["\n"])
+    assert stopped.text == free.text.split("\n")[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.completion_tokens < free.completion_tokens
+
+
+@pytest.mark.real_model
+async def test_batched_greedy_outputs_equal_the_same_requests_alone(llm: LocalLLM, caplog) -> None:
+    calls = [
+        dict(messages=FRANCE, max_new_tokens=16, stop=["Paris"]),
+        dict(messages=HAIKU, max_new_tokens=20, stop=["\n"]),
+        dict(messages=FRUITS, max_new_tokens=12),
+        dict(messages=SKY, max_new_tokens=24, stop=["Observation:"]),
+    ]
+    alone = [await llm.complete(**call) for call in calls]
+    with caplog.at_level(logging.DEBUG, logger="agent.llm.worker"):
+        together = await run_as_one_batch(llm, *calls)
+    assert "generating a batch of 4" in caplog.text
+    assert together == alone
+    assert alone[0].text == "The capital of France is " and alone[0].finish_reason == "stop"
+
+
+@pytest.mark.real_model
+async def test_cancelling_one_row_leaves_the_others_untouched(llm: LocalLLM) -> None:
+    others = [dict(messages=HAIKU, max_new_tokens=16), dict(messages=FRUITS, max_new_tokens=16)]
+    alone = [await llm.complete(**call) for call in others]
+    token = CancelToken()
+
+    async def cancel_soon() -> None:
+        await asyncio.sleep(0.3)
+        token.cancel()
+
+    asyncio.get_running_loop().create_task(cancel_soon())
+    cancelled, *rest = await run_as_one_batch(llm, dict(messages=SKY, max_new_tokens=400, cancel=token), *others)
+    assert isinstance(cancelled, LLMCancelled)
+    assert rest == alone
+
+
+@pytest.mark.real_model
+async def test_cancelling_the_awaiting_task_frees_the_model_thread(llm: LocalLLM) -> None:
+    long_call = asyncio.create_task(llm.complete(SKY, max_new_tokens=1000))
+    await asyncio.sleep(0.3)
+    long_call.cancel()
+    started = time.monotonic()
+    reply = await llm.complete(FRANCE, max_new_tokens=4)
+    # Left running, the abandoned row would hold the thread for 1000 tokens (about a minute here).
+    assert time.monotonic() - started < 10
+    assert reply.text.startswith("The capital")
+    with pytest.raises(asyncio.CancelledError):
+        await long_call
+
+
+@pytest.mark.real_model
+async def test_the_event_loop_keeps_ticking_while_the_model_generates(llm: LocalLLM) -> None:
+    lags: list[float] = []
+    generating = asyncio.gather(*(llm.complete(m, max_new_tokens=24) for m in (FRANCE, HAIKU, FRUITS, SKY)))
+    while not generating.done():
+        before = time.perf_counter()
+        await asyncio.sleep(0.01)
+        lags.append(time.perf_counter() - before - 0.01)
+    replies = await generating
+    assert all(isinstance(reply, Completion) and reply.text for reply in replies)
+    assert len(lags) > 20, "generation should take a while"
+    assert max(lags) < 0.05
+
+
+@pytest.mark.real_model
+async def test_an_error_inside_generate_reaches_its_callers_and_the_next_request_works(llm: LocalLLM) -> None:
+    failing = dict(messages=FRANCE, max_new_tokens=8, cancel=ExplodingToken(RuntimeError("boom")))
+    bystander = dict(messages=HAIKU, max_new_tokens=8)
+    results = await run_as_one_batch(llm, failing, bystander)
+    assert [type(r) for r in results] == [LLMError, LLMError]
+    assert "boom" in str(results[0])
+
+    after = await llm.complete(FRANCE, max_new_tokens=8)
+    assert after.text.startswith("The capital of France")
+
+
+@pytest.mark.real_model
+async def test_out_of_memory_becomes_llm_out_of_memory_for_the_whole_batch(llm: LocalLLM) -> None:
+    import torch
+
+    failing = dict(messages=FRANCE, max_new_tokens=8, cancel=ExplodingToken(torch.OutOfMemoryError("fake OOM")))
+    results = await run_as_one_batch(llm, failing, dict(messages=HAIKU, max_new_tokens=8))
+    assert all(isinstance(r, LLMOutOfMemory) and "BATCH_SIZE" in str(r) for r in results)
+    assert (await llm.complete(FRUITS, max_new_tokens=4)).text
+
+
+@pytest.mark.real_model
+async def test_a_tokenizer_without_chat_template_is_refused_at_start(llm: LocalLLM, tmp_path: Path) -> None:
+    import copy
+
+    tokenizer = copy.deepcopy(llm._counter)
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="no chat template"):
+        await LocalLLM(str(tmp_path), device_map="cpu").start()
+
+
+@pytest.mark.parametrize("path, message", [
+    ("./nope.gguf", "MODEL ./nope.gguf: no such file"),
+    ("./nope", "MODEL ./nope: no such file or folder"),
+])
+async def test_a_bad_model_path_fails_start_with_one_clear_line(path: str, message: str) -> None:
+    with pytest.raises(ModelLoadError) as raised:
+        await LocalLLM(path).start()
+    assert str(raised.value).startswith(message)
+    assert "\n" not in str(raised.value)
+
+
+async def test_a_folder_without_a_model_fails_start_with_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError) as raised:
+        await LocalLLM(str(tmp_path), device_map="cpu").start()
+    assert str(raised.value).startswith(f"MODEL {tmp_path}: cannot load it")
+    assert "\n" not in str(raised.value)
+
+
+
+@pytest.mark.real_model
+async def test_close_cancels_what_is_in_flight_and_refuses_new_requests() -> None:
+    backend = LocalLLM(str(GGUF), device_map="cpu", batch_size=1)
+    await backend.start()
+    running = asyncio.create_task(backend.complete(SKY, max_new_tokens=1000))
+    queued = asyncio.create_task(backend.complete(FRANCE, max_new_tokens=1000))
+    await asyncio.sleep(0.3)
+    await asyncio.wait_for(backend.close(), timeout=10)
+    results = await asyncio.gather(running, queued, return_exceptions=True)
+    assert isinstance(results[0], LLMCancelled)
+    assert type(results[1]) is LLMError and "shutting down" in str(results[1])
+    with pytest.raises(LLMError, match="not running"):
+        await backend.complete(FRANCE, max_new_tokens=4)
