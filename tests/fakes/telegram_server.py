@@ -298,6 +298,13 @@ class FakeTelegramServer:
             await asyncio.sleep(0.01)
         return value
 
+    def forget(self) -> None:
+        """Drop recorded calls and stored messages (ids go on), so a long load run's fake stays flat in memory."""
+        with self._lock:
+            self.calls.clear()
+            self._state.messages.clear()
+            self._state.pushed = {u["update_id"]: u for u in self._state.updates}  # keep what may be redelivered
+
     async def settle(self, quiet: float = 0.3) -> None:
         """Wait until no call has arrived for `quiet` seconds (apart from long polls): the bot is idle."""
         while True:
