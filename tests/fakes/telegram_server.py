@@ -219,6 +219,20 @@ class FakeTelegramServer:
         self.push_update("message", message)
         return message["message_id"]
 
+    def push_message(self, chat: Chat, user: User | None, *, kind: str = "message", **fields: Any) -> int:
+        """Any message as an update of `kind` (message, edited_message, channel_post...), for bad-input tests:
+        `fields` add e.g. photo, poll, forward_origin or sender_chat, and a `text` gets its entities; with
+        `user=None` it has no `from`, as in channels. Returns the update id. Not kept for replies or edits."""
+        with self._lock:
+            message: dict[str, Any] = {"message_id": self._new_message_id(chat.id), "date": int(time.time()),
+                                       "chat": chat.as_dict()}
+        if user is not None:
+            message["from"] = user.as_dict()
+        message.update(fields)
+        if isinstance(fields.get("text"), str) and "entities" not in fields and _entities(fields["text"]):
+            message["entities"] = _entities(fields["text"])
+        return self.push_update(kind, message)
+
     def edit_text(self, chat: Chat, user: User, message_id: int, text: str) -> int:
         """`user` edits their message `message_id` to `text`; returns the update id."""
         with self._lock:
