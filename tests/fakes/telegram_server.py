@@ -11,7 +11,8 @@ It serves what the bot calls: getMe, getUpdates (long polling with `timeout`; an
 call's `offset` confirms it, as Telegram does), sendMessage, editMessageText, deleteMessage, sendChatAction,
 setMyCommands, deleteWebhook, setWebhook and getWebhookInfo. Like the real server it refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
-method: error statuses, 429 with `retry_after`, slow answers and dropped connections. Every call is recorded.
+method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
+effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
 
 The stdlib `ThreadingHTTPServer` runs in a background thread, one thread per connection: the long poll blocks
 its own thread only. Tests on the event loop wait with `await server.wait_for(predicate)`.
@@ -22,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -119,6 +122,16 @@ class Failure:
     when: Callable[[dict[str, Any]], bool] | None = None
     delay: float = 0.0  # answer this late (with the failure, or normally when status is 200)
     drop: bool = False  # close the connection without answering
+    # The call takes effect first (a message is sent), then the answer is late or dropped: a lost *answer*, not a
+    # lost request, which is what a client's read time-out looks like from the server's side.
+    applied: bool = False
+    until: float | None = None  # time.monotonic() after which the failure stops (an outage of a few seconds)
+
+    def active(self, method: str, params: dict[str, Any]) -> bool:
+        """Whether this failure applies to a call of `method` with `params` now."""
+        if self.method != method or self.times == 0 or (self.until is not None and time.monotonic() >= self.until):
+            return False
+        return self.when is None or self.when(params)
 
 
 @dataclass
@@ -260,10 +273,15 @@ class FakeTelegramServer:
 
     def fail(self, method: str, *, status: int = 500, description: str = "", retry_after: float | None = None,
              times: int = 1, when: Callable[[dict[str, Any]], bool] | None = None, delay: float = 0.0,
-             drop: bool = False) -> Failure:
-        """Make the next `times` calls of `method` (those `when` accepts) fail; `times=-1` means always."""
+             drop: bool = False, applied: bool = False, for_seconds: float | None = None) -> Failure:
+        """Make the next `times` calls of `method` (those `when` accepts) fail; `times=-1` means always.
+
+        `for_seconds` makes it an outage instead: every matching call fails until that many seconds from now.
+        `applied` lets the call take effect before its answer is delayed or dropped (see `Failure`).
+        """
         failure = Failure(method, status, description or _default_description(status, retry_after), retry_after,
-                          times, when, delay, drop)
+                          -1 if for_seconds is not None else times, when, delay, drop, applied,
+                          None if for_seconds is None else time.monotonic() + for_seconds)
         with self._lock:
             self.failures.append(failure)
         return failure
@@ -271,7 +289,7 @@ class FakeTelegramServer:
     def _take_failure(self, method: str, params: dict[str, Any]) -> Failure | None:
         with self._lock:
             for failure in self.failures:
-                if failure.method == method and failure.times != 0 and (failure.when is None or failure.when(params)):
+                if failure.active(method, params):
                     failure.times -= 1 if failure.times > 0 else 0
                     return failure
         return None
@@ -282,6 +300,10 @@ class FakeTelegramServer:
         """Recorded calls of `method`, in arrival order (only successful ones with ok=True)."""
         with self._lock:
             return [c for c in self.calls if c.method == method and (ok is None or c.ok == ok)]
+
+    def statuses(self, method: str) -> list[int]:
+        """The HTTP status of each recorded call of `method`, in order (0: the connection was dropped unanswered)."""
+        return [call.status for call in self.calls_to(method)]
 
     def sent(self, chat_id: int | None = None) -> list[ApiCall]:
         """Messages the server accepted from the bot (sendMessage answered 200), optionally in one chat."""
@@ -516,6 +538,11 @@ class _HTMLChecker(HTMLParser):
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # room for many simultaneous connections (see the fake OpenAI server)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client hanging up on a kept-alive connection (the bot shutting down) needs no traceback."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -546,19 +573,39 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(401, _error(401, "Unauthorized"))
         method = self.path[len(prefix):].split("?")[0]
         failure = self.fake._take_failure(method, params)
+        if failure and failure.applied:
+            return self._lose_answer(method, params, failure)
         if failure and failure.delay and self.fake._stopping.wait(failure.delay):
             return
         if failure and failure.drop:
             self.fake._record(method, params, 0, {})
-            self.close_connection = True
-            self.connection.close()
-            return
+            return self._drop()
         if failure and failure.status != 200:
             status, body = failure.status, _error(failure.status, failure.description, failure.retry_after)
         else:
             status, body = self.fake.handle(method, params)
         self.fake._record(method, params, status, body)
         self._send(status, body)
+
+    def _lose_answer(self, method: str, params: dict[str, Any], failure: Failure) -> None:
+        """Carry the call out (recorded as accepted), then answer it late, or drop the connection instead."""
+        status, body = self.fake.handle(method, params)
+        self.fake._record(method, params, status, body)
+        if failure.delay and self.fake._stopping.wait(failure.delay):
+            return
+        if failure.drop:
+            self._drop()
+        else:
+            self._send(status, body)
+
+    def _drop(self) -> None:
+        """Close the connection without a word, as a crashed proxy or a lost network path does."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)  # now, not when the handler's file objects are closed
+        except OSError:
+            pass  # the client already went away
+        self.connection.close()
 
     def _send(self, status: int, payload: Any) -> None:
         data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
