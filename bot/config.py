@@ -48,6 +48,7 @@ class Settings:
     openai_max_retries: int = 3
     agent_mode: str = "react"
     scripted_replies_path: str = ""
+    scripted_delay_seconds: float = 0.0
     tokenizer_vocab_path: Path = Path("data/qwen.tiktoken")
     admin_user_ids: frozenset[int] = field(default_factory=frozenset)
     allowed_user_ids: frozenset[int] = field(default_factory=frozenset)
@@ -95,6 +96,8 @@ class Settings:
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
                      "typing_interval_seconds"):
             _positive(name.upper(), getattr(self, name))
+        if not self.scripted_delay_seconds >= 0:
+            raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")
         if self.openai_max_retries < 0:
             raise ConfigError("OPENAI_MAX_RETRIES must be 0 or more, got %d" % self.openai_max_retries)
 

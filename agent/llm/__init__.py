@@ -25,4 +25,5 @@ def build_llm(settings: "Settings") -> LLM:
     from agent.llm.scripted import ScriptedLLM
     from agent.tokens import qwen_token_counter
 
-    return ScriptedLLM.from_file(settings.scripted_replies_path, count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
+    return ScriptedLLM.from_file(settings.scripted_replies_path, delay=settings.scripted_delay_seconds,
+                                 count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
