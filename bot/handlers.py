@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from telegram import Message, Update, User
-from telegram.error import Forbidden
+from telegram.error import Forbidden, NetworkError, RetryAfter
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.memory import Session, StoredTurn
@@ -119,10 +119,22 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
         async with feedback:
             answer = await agent_answer(context, session, question, slot, lang, feedback)
         if answer is not None:
-            await reply(message, answer)
-            slot.answered = True
+            await deliver(context, message, answer, slot)
     finally:
         await feedback.remove()  # the answer (or the apology of the error handler) replaces it
+
+
+async def deliver(context: BotContext, message: Message, answer: str, slot: TurnSlot) -> None:
+    """Send the answer; if Telegram stays unreachable past the send's patience, leave the update for a restart."""
+    try:
+        await reply(message, answer)
+    except (NetworkError, RetryAfter):
+        # The turn is stored already: left unhandled in the journal, its update is answered from the store after
+        # the next start (bot/delivery.py) instead of being lost. The error handler still logs the failure.
+        if slot.update_id is not None:
+            context.turns.interrupted.add(slot.update_id)
+        raise
+    slot.answered = True
 
 
 async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,

@@ -20,8 +20,11 @@ from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, Tele
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = MessageLimit.MAX_TEXT_LENGTH  # 4096, counted by Telegram in UTF-16 code units
-SEND_ATTEMPTS = 3
-RETRY_PAUSE_SECONDS = 0.5
+# How long an answer keeps trying through flood waits and network failures: Telegram's 502s and dropped
+# connections come in bursts of seconds, and an answer given up on is an answer lost (its turn is stored already).
+SEND_PATIENCE_SECONDS = 30.0
+PROGRESS_PATIENCE_SECONDS = 2.0  # a progress message is not worth holding the turn up for
+RETRY_PAUSES_SECONDS = (0.5, 1, 2, 4, 8)  # then every 8 s
 
 _CODE_BLOCK = re.compile(r"```[\w+-]*\n?(.*?)```", re.DOTALL)
 _INLINE_CODE = re.compile(r"`([^`\n]+)`")
@@ -101,8 +104,11 @@ async def send_text(bot: Bot, chat_id: int, text: str, *, reply_to: int | None =
 
 
 async def send_chunk(bot: Bot, chat_id: int, chunk: str, *, reply_to: int | None = None,
-                     thread_id: int | None = None) -> Message:
-    """Send one piece, formatted when it has Markdown; as plain text when Telegram refuses the formatting."""
+                     thread_id: int | None = None, patience: float | None = None) -> Message:
+    """Send one piece, formatted when it has Markdown; as plain text when Telegram refuses the formatting.
+
+    Failures are retried for `patience` seconds (default SEND_PATIENCE_SECONDS).
+    """
     reply = ReplyParameters(reply_to, allow_sending_without_reply=True) if reply_to else None
 
     async def send(body: str, parse_mode: str | None) -> Message:
@@ -112,29 +118,37 @@ async def send_chunk(bot: Bot, chat_id: int, chunk: str, *, reply_to: int | None
     markup = to_html(chunk)
     if markup is not None:
         try:
-            return await with_retries(lambda: send(markup, ParseMode.HTML))
+            return await with_retries(lambda: send(markup, ParseMode.HTML), patience)
         except BadRequest as error:
             log.info("formatted message refused (%s); sending it as plain text", error.message)
-    return await with_retries(lambda: send(chunk, None))
+    return await with_retries(lambda: send(chunk, None), patience)
 
 
-async def with_retries(call: Callable[[], Awaitable[Message]], attempts: int = SEND_ATTEMPTS) -> Message:
-    """Run a send, retrying after flood waits and network failures (not after refusals such as BadRequest)."""
-    for attempt in range(1, attempts + 1):
+async def with_retries(call: Callable[[], Awaitable[Message]], patience: float | None = None) -> Message:
+    """Run a send, retrying after flood waits and network failures for up to `patience` seconds (default
+    SEND_PATIENCE_SECONDS); refusals such as BadRequest are not retried."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (SEND_PATIENCE_SECONDS if patience is None else patience)
+    attempt = 0
+    while True:
         try:
             return await call()
         except (BadRequest, Forbidden):
             raise
-        except RetryAfter as error:
-            if attempt == attempts:
+        except (RetryAfter, NetworkError) as error:  # NetworkError includes TimedOut and 5xx answers
+            pause = _pause_before_retry(error, attempt)
+            if loop.time() + pause > deadline:
                 raise
-            await asyncio.sleep(retry_after_seconds(error))
-        except NetworkError as error:  # includes TimedOut and 5xx answers
-            if attempt == attempts:
-                raise
-            log.info("sending failed (%s); retrying", error)
-            await asyncio.sleep(RETRY_PAUSE_SECONDS * attempt)
-    raise AssertionError("unreachable")
+            log.info("sending failed (%s); retrying in %g s", error, pause)
+        await asyncio.sleep(pause)
+        attempt += 1
+
+
+def _pause_before_retry(error: TelegramError, attempt: int) -> float:
+    """What Telegram asked for after a flood wait; a growing back-off after a network failure."""
+    if isinstance(error, RetryAfter):
+        return retry_after_seconds(error)
+    return RETRY_PAUSES_SECONDS[min(attempt, len(RETRY_PAUSES_SECONDS) - 1)]
 
 
 def retry_after_seconds(error: RetryAfter) -> float:
@@ -224,7 +238,9 @@ class TurnFeedback:
                 return
             if self.progress is None:
                 self.progress = await quietly(send_chunk(self.bot, self.chat_id, text, reply_to=self.reply_to,
-                                                         thread_id=self.thread_id), "sending the progress message")
+                                                         thread_id=self.thread_id,
+                                                         patience=PROGRESS_PATIENCE_SECONDS),
+                                              "sending the progress message")
                 # A failed progress message is not retried: the answer matters, the progress does not.
                 if self.progress is None:
                     self.progress = _NO_MESSAGE

@@ -56,7 +56,8 @@ class TurnScheduler:
         self._user_tail: dict[int, TurnSlot] = {}
         self._slots: set[TurnSlot] = set()
         self.closing = False
-        # Updates whose turn shutdown stopped before it answered: polling leaves them unconfirmed.
+        # Updates whose turn shutdown stopped before it answered, or whose answer Telegram never took: the journal
+        # keeps them unhandled, to be handled again after a restart.
         self.interrupted: set[int] = set()
 
     def reserve(self, session_id: str, user_id: int, update_id: int | None = None) -> TurnSlot:

@@ -127,6 +127,10 @@ class Failure:
     applied: bool = False
     until: float | None = None  # time.monotonic() after which the failure stops (an outage of a few seconds)
 
+    def stop(self) -> None:
+        """End this failure now (the outage is over)."""
+        self.times = 0
+
     def active(self, method: str, params: dict[str, Any]) -> bool:
         """Whether this failure applies to a call of `method` with `params` now."""
         if self.method != method or self.times == 0 or (self.until is not None and time.monotonic() >= self.until):
