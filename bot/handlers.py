@@ -7,6 +7,7 @@ Questions go through the turn scheduler (bot/turns.py): in order per chat, one a
 from __future__ import annotations
 
 import logging
+import sqlite3
 
 from telegram import Message, Update, User
 from telegram.error import Forbidden, NetworkError, RetryAfter
@@ -155,7 +156,18 @@ async def agent_answer(context: BotContext, session: Session, question: str, slo
     except LLMError as error:
         log.warning("model failed in %s: %s", session.id, error)
         return text("model_error", lang)
+    except sqlite3.OperationalError as error:
+        if not database_busy(error):
+            raise
+        # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS: nothing of the turn was stored.
+        log.warning("database busy in %s: %s", session.id, error)
+        return text("busy", lang)
     return result.answer
+
+
+def database_busy(error: sqlite3.OperationalError) -> bool:
+    """Whether SQLite gave up waiting for another connection's lock (the busy timeout ran out)."""
+    return (getattr(error, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 async def non_text(update: Update, context: BotContext) -> None:

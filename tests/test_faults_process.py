@@ -159,3 +159,62 @@ async def test_a_process_killed_mid_turn_restarts_cleanly_and_answers_every_ques
         stored_answers = set(conn.execute("SELECT sessions.chat_id, answer FROM turns JOIN sessions "
                                           "ON sessions.id = turns.session_id"))
         assert delivered == stored_answers  # what each user saw is what the history holds
+
+
+# --- the database locked by another process --------------------------------------------------------------------
+
+def lock_rows(path: Path) -> list[tuple]:
+    """What the lock-holding process wrote: it committed, and nothing of ours overwrote it."""
+    with closing(database_state(path)) as conn:
+        assert_intact(conn)
+        return conn.execute("SELECT action FROM audit_log WHERE action = 'lock'").fetchall()
+
+
+async def test_a_turn_whose_save_meets_a_lock_of_a_few_seconds_waits_for_it_and_is_answered(start_bot,
+                                                                                             telegram_server):
+    bot = await start_bot([final("答案")], delay=0.5)  # DATABASE_BUSY_TIMEOUT_SECONDS: the default 10
+    telegram_server.send_text(CHAT, ALICE, "问题")
+    await telegram_server.wait_for(lambda: bot.llm.requests, message="the model to start")
+    holder = hold_lock(bot.settings.database_path, 2.0)  # taken while the model works: the save meets it
+    locked_at = time.monotonic()
+
+    assert await bot.answers(ALICE.id, 1, timeout=10) == ["答案"]
+    assert time.monotonic() - locked_at >= 1.5  # it waited for the other process
+    holder.wait(10)
+    await telegram_server.settle()
+    assert telegram_server.sent_texts(ALICE.id) == ["答案"]
+    assert await bot.query("SELECT role, content FROM messages ORDER BY id") == [("user", "问题"), ("assistant", "答案")]
+    assert await bot.query("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL") == [(0,)]
+    assert lock_rows(bot.settings.database_path) == [("lock",)]
+
+
+async def test_updates_that_arrive_while_the_database_is_locked_wait_at_telegram_and_are_answered_once(
+        start_bot, telegram_server):
+    bot = await start_bot([final("答案")], database_busy_timeout_seconds=0.2)
+    holder = hold_lock(bot.settings.database_path, 2.0)
+    telegram_server.send_text(CHAT, ALICE, "问题")  # fetched, but the journal cannot take it yet
+
+    assert await bot.answers(ALICE.id, 1, timeout=10) == ["答案"]
+    holder.wait(10)
+    await telegram_server.settle()
+    assert telegram_server.sent_texts(ALICE.id) == ["答案"]
+    # The poll was repeated from the same offset until the journal could take the update: nothing was confirmed
+    # to Telegram before it was written down.
+    fetched = [c for c in telegram_server.calls_to("getUpdates", ok=True) if c.result]
+    assert len(fetched) >= 2 and {c.params.get("offset") for c in fetched} == {fetched[0].params.get("offset")}
+    assert await bot.query("SELECT count(*) FROM turns") == [(1,)]
+    assert lock_rows(bot.settings.database_path) == [("lock",)]
+
+
+async def test_a_lock_that_outlasts_the_busy_timeout_fails_the_turn_with_a_clear_message(start_bot, telegram_server):
+    bot = await start_bot([final("存不下的答案"), final("又好了")], delay=0.5, database_busy_timeout_seconds=0.3)
+    telegram_server.send_text(CHAT, ALICE, "问题")
+    await telegram_server.wait_for(lambda: bot.llm.requests, message="the model to start")
+    holder = hold_lock(bot.settings.database_path, 3.0)
+
+    assert await bot.answers(ALICE.id, 1, timeout=10) == [TEXTS["busy"]["zh"]]
+    holder.wait(10)
+    assert await bot.ask(CHAT, ALICE, "再试") == "又好了"
+    assert await bot.query("SELECT question, status FROM turns") == [("再试", "answered")]  # nothing half-saved
+    assert await bot.query("SELECT content FROM messages ORDER BY id") == [("再试",), ("又好了",)]
+    assert lock_rows(bot.settings.database_path) == [("lock",)]
