@@ -43,14 +43,18 @@ class UpdateJournal:
 
     async def admit(self, updates: Sequence[Update]) -> list[Update]:
         """Write the updates not seen before, in one transaction; return them, in order."""
-        fresh = []
+        if not updates:
+            return []
+        ids = [update.update_id for update in updates]
         async with self.db.transaction() as conn:
-            for update in updates:
-                cursor = await conn.execute(
-                    "INSERT OR IGNORE INTO telegram_updates (update_id, payload) VALUES (?, ?)",
-                    (update.update_id, update.to_json()))
-                if cursor.rowcount:
-                    fresh.append(update)
+            # A few statements per batch, not one per update: under a burst every statement waits its turn on a
+            # busy event loop, and the next batch (with any /help in it) waits for this one.
+            async with conn.execute("SELECT update_id FROM telegram_updates WHERE update_id BETWEEN ? AND ?",
+                                    (min(ids), max(ids))) as cursor:
+                seen = {row[0] for row in await cursor.fetchall()}
+            fresh = list({u.update_id: u for u in updates if u.update_id not in seen}.values())
+            await conn.executemany("INSERT OR IGNORE INTO telegram_updates (update_id, payload) VALUES (?, ?)",
+                                   [(update.update_id, update.to_json()) for update in fresh])
         return fresh
 
     async def mark_handled(self, update_id: int) -> None:
