@@ -39,9 +39,7 @@ async def assert_only_the_good_turn_is_in_the_history(bot: RunningBot, question:
     """The failed turn left a trace (status error) but no message in the history; every update is handled."""
     assert await bot.query("SELECT role, content FROM messages ORDER BY id") == [
         ("user", question), ("assistant", answer)]
-    await bot.server.wait_for(lambda: not bot.application.bot_data["turns"].active)
-    await bot.server.settle()
-    assert await bot.query("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL") == [(0,)]
+    await bot.all_handled()
 
 
 # --- the model -------------------------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ async def test_an_answer_sent_during_a_telegram_outage_of_a_few_seconds_arrives_
     assert await bot.answers(ALICE.id, 1, timeout=15) == ["answer"]
     assert time.monotonic() - started >= 4
     await answered_once(telegram_server, ALICE.id, ["answer"])
-    assert await bot.query("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL") == [(0,)]
+    await bot.all_handled()
 
 
 async def test_a_send_whose_answer_is_lost_is_sent_again_the_documented_at_least_once(start_bot, telegram_server):
@@ -181,4 +181,4 @@ async def test_an_answer_telegram_never_takes_is_sent_from_the_store_after_a_res
     assert await second.answers(ALICE.id, 1) == ["stored answer"]
     assert second.llm.requests == []  # from the store, not asked again
     await answered_once(telegram_server, ALICE.id, ["stored answer"])
-    assert await second.query("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL") == [(0,)]
+    await second.all_handled()

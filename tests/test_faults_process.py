@@ -184,7 +184,7 @@ async def test_a_turn_whose_save_meets_a_lock_of_a_few_seconds_waits_for_it_and_
     await telegram_server.settle()
     assert telegram_server.sent_texts(ALICE.id) == ["答案"]
     assert await bot.query("SELECT role, content FROM messages ORDER BY id") == [("user", "问题"), ("assistant", "答案")]
-    assert await bot.query("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL") == [(0,)]
+    await bot.all_handled()
     assert lock_rows(bot.settings.database_path) == [("lock",)]
 
 

@@ -50,8 +50,7 @@ async def test_a_turn_stopped_by_shutdown_is_answered_after_the_restart(start_bo
     assert await second.answers(ALICE.id, 1) == ["answered after the restart"]
     assert "a long question" in second.llm.requests[0].text
     assert await second.query("SELECT status FROM turns ORDER BY id") == [("cancelled",), ("answered",)]
-    await telegram_server.wait_for(lambda: not second.application.bot_data["turns"].active)
-    assert await second.query("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL") == [(0,)]
+    await second.all_handled()
 
 
 async def test_a_turn_that_finishes_within_the_grace_period_is_delivered(start_bot, telegram_server):

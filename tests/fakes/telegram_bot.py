@@ -91,6 +91,15 @@ class RunningBot:
         finally:
             await db.close()
 
+    async def all_handled(self, timeout: float = 5.0) -> None:
+        """Wait until the journal holds no unhandled update. A turn's slot is released before its update is
+        marked handled, so waiting for no active turn is not enough."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (left := await self.query("SELECT update_id FROM telegram_updates WHERE handled_at IS NULL")):
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"updates still unhandled: {left}")
+            await asyncio.sleep(0.02)
+
     @property
     def db(self) -> Database:
         """The bot's own database connection (while it runs)."""
