@@ -181,9 +181,18 @@ async def set_access(update: Update, context: BotContext, command: str, allowed:
     await reply(update.effective_message, f"✅ {kind} {subject_id} is {'allowed' if allowed else 'denied'}{note}.")
 
 
+# Telegram ids have at most 52 significant bits; a larger number is no id (and would not fit SQLite's INTEGER).
+MAX_ID = 2 ** 53
+
+
 def _is_id(word: str) -> bool:
     digits = word[1:] if word.startswith("-") else word
-    return digits.isdigit() and 0 < len(digits) <= 20 and int(word) != 0
+    return _is_number(digits) and 0 < abs(int(word)) < MAX_ID
+
+
+def _is_number(word: str) -> bool:
+    """ASCII digits only: `str.isdigit` also accepts ² and ١, which `int` refuses or reads unexpectedly."""
+    return word.isascii() and word.isdigit()
 
 
 async def admins(update: Update, context: BotContext) -> None:
@@ -213,7 +222,7 @@ async def stats(update: Update, context: BotContext) -> None:
     if not await admin_only(update, context):
         return
     args = arguments(update)
-    if len(args) > 1 or (args and not (args[0].isdigit() and 0 < int(args[0]) <= MAX_DAYS)):
+    if len(args) > 1 or (args and not (_is_number(args[0]) and 0 < int(args[0]) <= MAX_DAYS)):
         return await usage(update, "stats")
     report = await usage_report(context.services.db, int(args[0]) if args else DEFAULT_DAYS)
     await reply(update.effective_message, report.text())
