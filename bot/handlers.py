@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import unicodedata
 
 from telegram import Message, Update, User
 from telegram.error import Forbidden, NetworkError, RetryAfter
@@ -62,6 +63,11 @@ async def allowed(update: Update, context: BotContext) -> bool:
     return False
 
 
+def is_blank(question: str) -> bool:
+    """Whether a question shows nothing: only spaces and invisible marks (zero-width, text direction)."""
+    return all(char.isspace() or unicodedata.category(char) in ("Cf", "Cc", "Zs") for char in question)
+
+
 def asker_name(user: User) -> str:
     """How a group question is attributed to its asker, for the model."""
     return user.full_name or (f"@{user.username}" if user.username else str(user.id))
@@ -90,7 +96,7 @@ async def answer_question(update: Update, context: BotContext, question: str) ->
     lang = user_language(update)
     if user is None:
         return
-    if not question:
+    if is_blank(question):
         await reply(message, text("ask_usage", lang))
         return
     session = session_for(message)
