@@ -91,9 +91,13 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
 
 
 def register_handlers(application: Application) -> None:
-    """Every handler, in one place. Only new messages are handled: an edited message is not answered twice."""
+    """Every handler, in one place. Only new messages are handled: an edited message is not answered twice.
+
+    A command inside a forwarded message is someone else's text: it is not run (a private chat shows /help).
+    """
     new = filters.UpdateType.MESSAGE
     private = filters.ChatType.PRIVATE
+    typed = new & ~filters.FORWARDED
     commands = {
         "start": handlers.start, "help": handlers.help_command, "ask": handlers.ask, "reset": handlers.reset,
         "cancel": handlers.cancel, "trace": handlers.trace,
@@ -102,10 +106,10 @@ def register_handlers(application: Application) -> None:
         "allow": admin.allow, "deny": admin.deny, "admins": admin.admins, "stats": admin.stats,
     }
     # `/tools all` (admins) before plain `/tools`: the first matching handler of a group wins.
-    application.add_handler(CommandHandler("tools", admin.tools_all, filters=new & filters.Regex(r"^\S+\s+all\s*$")))
-    application.add_handler(CommandHandler("tools", handlers.tools, filters=new))
+    application.add_handler(CommandHandler("tools", admin.tools_all, filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
+    application.add_handler(CommandHandler("tools", handlers.tools, filters=typed))
     for name, callback in commands.items():
-        application.add_handler(CommandHandler(name, callback, filters=new))
+        application.add_handler(CommandHandler(name, callback, filters=typed))
     application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
     application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
     application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,
