@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import warnings
 from typing import Sequence
 
 from telegram import Bot, Update
-from telegram.error import InvalidToken, RetryAfter
+from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.ext import Application
 
 from bot.replies import quietly, retry_after_seconds
@@ -159,11 +160,10 @@ class Poller:
         await quietly(self.bot.delete_webhook(drop_pending_updates=False), "deleteWebhook")
         while True:
             try:
-                updates = await self.bot.get_updates(offset=self.offset, timeout=self.timeout,
-                                                     allowed_updates=ALLOWED_UPDATES)
+                updates, next_offset = await self._fetch()
                 if updates:
                     await self.dispatcher.accept(updates)
-                    self.offset = updates[-1].update_id + 1
+                self.offset = next_offset
                 self._failures = 0
             except InvalidToken:
                 raise
@@ -173,6 +173,32 @@ class Poller:
                 # Network trouble, a 5xx, a webhook still set (Conflict), the database busy: wait, then fetch
                 # again from the same offset, so nothing fetched but not journaled is lost.
                 await self._back_off(error)
+
+    async def _fetch(self) -> tuple[list[Update], int | None]:
+        """The next batch, and the offset that will confirm it."""
+        try:
+            updates = await self.bot.get_updates(offset=self.offset, timeout=self.timeout,
+                                                 allowed_updates=ALLOWED_UPDATES)
+        except TelegramError:
+            raise
+        except Exception:  # Telegram answered, but the library cannot read an update of the batch (logged)
+            return await self._fetch_readable()
+        return updates, (updates[-1].update_id + 1 if updates else self.offset)
+
+    async def _fetch_readable(self) -> tuple[list[Update], int | None]:
+        """The batch again, read update by update: one that cannot be read is skipped (else it would come back
+        forever, and the bot would answer nobody again)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # do_api_request points to get_updates: that is what failed
+            raw = await self.bot.do_api_request("getUpdates", api_kwargs={
+                "offset": self.offset, "timeout": 0, "allowed_updates": ALLOWED_UPDATES})
+        readable = []
+        for item in raw:
+            try:
+                readable.append(Update.de_json(item, self.bot))
+            except Exception as error:
+                log.error("update %s cannot be read (%s); skipping it", item.get("update_id"), error)
+        return readable, (raw[-1]["update_id"] + 1 if raw else self.offset)
 
     async def _back_off(self, error: Exception) -> None:
         pause = BACKOFF_SECONDS[min(self._failures, len(BACKOFF_SECONDS) - 1)]
