@@ -16,6 +16,7 @@ from tools.registry import Tool
 
 MAX_INPUT_CHARS = 20_000
 MAX_NESTING = 20
+NOT_UNICODE = "the Action Input holds an escape that is no character (a lone UTF-16 surrogate such as \\ud800)"
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 
 
@@ -77,12 +78,23 @@ def read_arguments(raw: str, tool: Tool | None) -> tuple[Any, str | None]:
     if isinstance(value, dict):
         if nesting_depth(value) > MAX_NESTING:
             return None, f"the arguments nest deeper than {MAX_NESTING} levels"
-        return value, None
+        return (value, None) if encodable(value) else (None, NOT_UNICODE)
     single = tool.single_parameter if tool else None
     if single and not text.lstrip().startswith(("{", "[")):
         # A plain string (or a quoted one) for a one-parameter tool: that is what the model meant.
-        return {single: value if isinstance(value, str) else text.strip().strip("'\"")}, None
+        arguments = {single: value if isinstance(value, str) else text.strip().strip("'\"")}
+        return (arguments, None) if encodable(arguments) else (None, NOT_UNICODE)
     return None, error or f"expected a JSON object, got {type(value).__name__}"
+
+
+def encodable(value: Any) -> bool:
+    """Whether every string in `value` is valid Unicode: JSON's "\\ud800" escape gives one that is not, and it would
+    break every later step (token counting, the database, Telegram)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parse(text: str) -> tuple[Any, str | None]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from agent.arguments import loads_loosely, read_arguments
+from agent.arguments import NOT_UNICODE, encodable, loads_loosely, read_arguments
 from agent.llm.base import Completion, ToolCall
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
 from tools.registry import Tool
@@ -57,5 +57,7 @@ def _request_from_block(block: str, tools: Sequence[Tool], thinking: str, index:
         tool = next((t for t in tools if t.name == payload["name"]), None)
         arguments, error = read_arguments(raw, tool)
         return ToolRequest(thinking, payload["name"], raw, arguments, error, call_id=call_id)
+    if arguments is not None and not encodable(arguments):
+        return ToolRequest(thinking, payload["name"], block, None, NOT_UNICODE, call_id=call_id)
     error = None if arguments is not None else "arguments must be a JSON object"
     return ToolRequest(thinking, payload["name"], block, arguments, error, call_id=call_id)
