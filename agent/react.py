@@ -16,9 +16,11 @@ from agent.prompts import REACT_STOP
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
 from tools.registry import Tool
 
-# A marker starts a line; models sometimes bold it or use a full-width colon.
+# A marker starts a line; models sometimes bold it (`**Final Answer:**`, `**Final Answer**:`) or use a full-width
+# colon. Asterisks after the colon close a bold marker only: in `Final Answer: **200**` they are the answer's own.
 _MARKER = re.compile(
-    r"^[ \t]*\**[ \t]*(Thought|Action Input|Action|Observation|Final Answer)[ \t]*\**[ \t]*[:：][ \t]*\**[ \t]*",
+    r"^[ \t]*(?P<bold>\*+)?[ \t]*(?P<marker>Thought|Action Input|Action|Observation|Final Answer)[ \t]*"
+    r"(?P<closed>\*+)?[ \t]*[:：][ \t]*(?(bold)(?(closed)|\**))[ \t]*",
     re.IGNORECASE | re.MULTILINE,
 )
 # "\nObserv" at the very end: the stop word cut off by the token limit or a server's stop handling.
@@ -46,7 +48,7 @@ def segments(text: str) -> tuple[str, list[Segment]]:
     found = []
     for match, following in zip(matches, matches[1:] + [None]):
         end = following.start() if following else len(text)
-        found.append(Segment(match.group(1).lower(), text[match.end():end].strip(), end))
+        found.append(Segment(match.group("marker").lower(), text[match.end():end].strip(), end))
     return lead.strip(), found
 
 
