@@ -109,6 +109,9 @@ class CourseCatalog:
         async with self.db.transaction() as conn:
             if await _exists(conn, course.name):
                 raise CourseError(f"course {course.name!r} already exists")
+            if (twin := await _lookalike(conn, course.name)) is not None:
+                raise CourseError(f"course {course.name!r} already exists as {twin!r}: lookups could not tell "
+                                  "them apart")
             await conn.execute(
                 "INSERT INTO courses (name, lessons, updates_per_week, hours_per_update) VALUES (?, ?, ?, ?)",
                 (course.name, course.lessons, course.updates_per_week, course.hours_per_update))
@@ -195,3 +198,10 @@ def parse_field(field: str, value: Any) -> int | float:
 async def _exists(conn: Any, name: str) -> bool:
     async with conn.execute("SELECT 1 FROM courses WHERE name = ? COLLATE NOCASE", (name,)) as cursor:
         return await cursor.fetchone() is not None
+
+
+async def _lookalike(conn: Any, name: str) -> str | None:
+    """An existing course whose name is `name` once width, case, punctuation and a trailing 课程 are folded."""
+    wanted = normalize_name(name)
+    async with conn.execute("SELECT name FROM courses") as cursor:
+        return next((other for (other,) in await cursor.fetchall() if normalize_name(other) == wanted), None)
