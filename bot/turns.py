@@ -35,11 +35,15 @@ class TurnSlot:
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     after_session: asyncio.Future | None = None
     after_user: asyncio.Future | None = None
+    # The same user's previous slot, until this one may run (then dropped, so finished slots are not kept alive).
+    own_previous: "TurnSlot | None" = None
 
     @property
     def behind_own_turn(self) -> bool:
-        """Whether the same user's previous question is still waiting or running."""
-        return self.after_user is not None and not self.after_user.done()
+        """Whether the same user's previous question is still waiting or running, and not cancelled: right after
+        /cancel, the stopped turn may take a moment to wind down, but nothing is queued behind it."""
+        previous = self.own_previous
+        return previous is not None and not previous.done.done() and previous.cancelled_by is None
 
     def stop(self, reason: str) -> None:
         """Cancel the turn (its model call stops at the next step) or, if it waits, its future run."""
@@ -66,7 +70,7 @@ class TurnScheduler:
         if (previous := self._session_tail.get(session_id)) is not None:
             slot.after_session = previous.done
         if (previous := self._user_tail.get(user_id)) is not None:
-            slot.after_user = previous.done
+            slot.after_user, slot.own_previous = previous.done, previous
         self._session_tail[session_id] = slot
         self._user_tail[user_id] = slot
         self._slots.add(slot)
@@ -79,6 +83,7 @@ class TurnScheduler:
         for earlier in (slot.after_session, slot.after_user):
             if earlier is not None:
                 await asyncio.shield(earlier)
+        slot.own_previous = None
         slot.running = slot.cancelled_by is None
         return slot.running
 

@@ -60,6 +60,18 @@ async def test_one_user_runs_one_turn_at_a_time_while_other_users_run_in_paralle
     assert await waiting
 
 
+async def test_a_question_right_after_cancel_is_not_told_it_waits_for_the_cancelled_one():
+    # /cancel answers at once, while the stopped turn still winds down (its model call, its trace being stored).
+    scheduler = TurnScheduler()
+    stopped = scheduler.reserve("p1", 1)
+    assert await scheduler.wait_turn(stopped)
+    assert scheduler.cancel("p1", 1) == 1
+    again = scheduler.reserve("p1", 1)
+    assert not again.behind_own_turn
+    scheduler.release(stopped)
+    assert await scheduler.wait_turn(again)
+
+
 async def test_a_cancelled_waiting_turn_never_runs_and_shutdown_marks_it_interrupted():
     scheduler = TurnScheduler()
     running = scheduler.reserve("chat", 1, update_id=10)
