@@ -8,6 +8,7 @@ event loop and take the lock from a second process (tests/test_database_lock.py 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -19,7 +20,6 @@ from collections import Counter
 from contextlib import closing
 from pathlib import Path
 
-import pytest
 
 from bot.i18n import TEXTS
 from tests.fakes.telegram_bot import ALICE, final, private_chat, start_bot, telegram_server
@@ -102,7 +102,7 @@ def answers_by_question(server: FakeTelegramServer) -> dict[int, list[str]]:
     return found
 
 
-# About 10 s: two real processes start (imports take seconds on two cores) and turns take 0.6 s each
+# About 5 s: two real processes start (imports take a second or two on two cores), turns take 0.6 s each
 async def test_a_process_killed_mid_turn_restarts_cleanly_and_answers_every_question_once(telegram_server, tmp_path):
     questions = {}  # (chat id, message id) → update id
     for round_ in range(QUESTIONS_EACH):
@@ -114,7 +114,7 @@ async def test_a_process_killed_mid_turn_restarts_cleanly_and_answers_every_ques
         # Kill once the first round is answered: the second round's turns are then half-way through the model.
         await telegram_server.wait_for(lambda: len(answers_by_question(telegram_server)) >= len(USERS), 30,
                                        "the first round of answers")
-        time.sleep(MODEL_SECONDS / 2)
+        await asyncio.sleep(MODEL_SECONDS / 2)
     finally:
         first.kill()
     before_restart = answers_by_question(telegram_server)
@@ -122,7 +122,8 @@ async def test_a_process_killed_mid_turn_restarts_cleanly_and_answers_every_ques
     with closing(database_state(tmp_path / "bot.sqlite3")) as conn:  # what the kill left behind
         assert_intact(conn)
         assert_every_turn_whole_in_the_history(conn)
-        handled = {row[0] for row in conn.execute("SELECT update_id FROM telegram_updates WHERE handled_at IS NOT NULL")}
+        handled = {update_id for (update_id,) in
+                   conn.execute("SELECT update_id FROM telegram_updates WHERE handled_at IS NOT NULL")}
         stored = {row[0] for row in conn.execute("SELECT source_key FROM turns")}
     assert len(handled) < len(questions), "the kill came too late to interrupt anything"
     down = USERS[0]
