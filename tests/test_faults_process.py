@@ -20,7 +20,6 @@ from collections import Counter
 from contextlib import closing
 from pathlib import Path
 
-
 from bot.i18n import TEXTS
 from tests.fakes.telegram_bot import ALICE, final, private_chat, start_bot, telegram_server
 from tests.fakes.telegram_server import FakeTelegramServer, User
