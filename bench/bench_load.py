@@ -202,7 +202,7 @@ class RoundResult:
 
     questions: list[Sent]
     chatter: list[Sent]
-    help: Sent | None
+    helps: dict[str, Sent]  # "in burst": queued halfway through the burst; "mid-run": sent once half is answered
     deliveries: list[Delivery]  # in the order the fake server accepted them
     model_requests: int
     tags_seen_by_model: set[str]
@@ -217,6 +217,14 @@ class RoundResult:
         for answer in self.answers():
             first.setdefault((answer.chat_id, answer.reply_to), answer.at)
         return [first[(q.chat_id, q.message_id)] - q.at for q in self.questions if (q.chat_id, q.message_id) in first]
+
+    def replies_to(self, message: Sent) -> list[Delivery]:
+        """Everything the bot sent in reply to `message`."""
+        return [d for d in self.deliveries if (d.chat_id, d.reply_to) == (message.chat_id, message.message_id)]
+
+    def help_seconds(self, when: str) -> float:
+        """Seconds from a /help being queued to its reply being accepted."""
+        return self.replies_to(self.helps[when])[0].at - self.helps[when].at
 
     @property
     def seconds(self) -> float:
@@ -234,19 +242,25 @@ async def start_load_bot(server: FakeTelegramServer, folder: Path, crowd: Popula
 
 
 async def run_round(bot: RunningBot, crowd: Population, round_no: int, messages: int, *,
-                    help_midway: bool = False, timeout: float | None = None) -> RoundResult:
-    """Queue every message of a round at once (`/help` halfway, in the busiest group), wait for every answer."""
+                    helps: bool = False, timeout: float | None = None) -> RoundResult:
+    """Queue every message of a round at once and wait for every answer. With `helps`, someone in the busiest group
+    sends /help twice: queued halfway through the burst, and once half the questions are answered."""
     server, llm = bot.server, bot.llm
     outgoing = round_messages(crowd, round_no, messages, server.bot.username or "")
     llm.add(*[answer_by_tag] * model_calls(outgoing))
     busiest = crowd.busiest_group()
-    sent, help_sent = [], None
+    help_message = Outgoing(busiest, crowd.members[busiest.id][0], "/help", "help", False)
+    sent, help_sent = [], {}
     for index, message in enumerate(outgoing):
-        if help_midway and index == len(outgoing) // 2:
-            help_sent = push(server, Outgoing(busiest, crowd.members[busiest.id][0], "/help", "help", False))
+        if helps and index == len(outgoing) // 2:
+            help_sent["in burst"] = push(server, help_message)
         sent.append(push(server, message))
     questions = [s for s in sent if s.addressed]
-    await wait_for_answers(server, len(questions), timeout or 60 + len(questions) * (2 * llm.delay + 0.05))
+    limit = timeout or 60 + len(questions) * (2 * llm.delay + 0.05)
+    if helps:
+        await wait_for_answers(server, len(questions) // 2, limit)
+        help_sent["mid-run"] = push(server, help_message)
+    await wait_for_answers(server, len(questions), limit)
     await server.settle(0.3)  # a duplicate or a late stray message would land now
     result = RoundResult(questions, [s for s in sent if not s.addressed], help_sent,
                          [Delivery.of(call) for call in server.sent()], len(llm.requests), tags_seen(llm))
@@ -324,6 +338,8 @@ class Figures:
     latencies: list[float]
     model_calls: int
     peak_rss: int
+    help_in_burst: float
+    help_mid_run: float
 
     @property
     def per_second(self) -> float:
@@ -348,13 +364,13 @@ async def measure(scenario: Scenario, warmup_messages: int) -> Figures:
             if warmup_messages:
                 await run_round(bot, crowd, 0, warmup_messages)
             async with peak_rss() as peak:
-                result = await run_round(bot, crowd, 1, scenario.messages)
+                result = await run_round(bot, crowd, 1, scenario.messages, helps=True)
         finally:
             await bot.stop()
     if len(result.answers()) != len(result.questions):
         raise AssertionError(f"{len(result.answers())} answers for {len(result.questions)} questions")
     return Figures(scenario, len(result.questions), result.seconds, result.latencies(), result.model_requests,
-                   peak[0])
+                   peak[0], result.help_seconds("in burst"), result.help_seconds("mid-run"))
 
 
 def scenarios(args: argparse.Namespace) -> list[Scenario]:
@@ -370,14 +386,16 @@ def scenarios(args: argparse.Namespace) -> list[Scenario]:
 def table(rows: Sequence[Figures]) -> str:
     """A Markdown table of the figures, with each row's throughput relative to the first."""
     lines = ["| load | users | chats | answers | model calls | delay/call | seconds | answers/s | vs first "
-             "| p50 s | p95 s | p99 s | peak RSS MiB |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| p50 s | p95 s | p99 s | /help in burst s | /help mid-run s | peak RSS MiB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| ---: |"]
     for row in rows:
         s = row.scenario
         lines.append(f"| {s.name} | {s.users} | {s.chats} | {row.answers} | {row.model_calls} | "
                      f"{s.model_delay * 1000:g} ms | {row.seconds:.2f} | {row.per_second:.0f} | "
                      f"{row.per_second / rows[0].per_second:.2f}× | {row.percentile(50):.2f} | "
-                     f"{row.percentile(95):.2f} | {row.percentile(99):.2f} | {row.peak_rss / 2**20:.0f} |")
+                     f"{row.percentile(95):.2f} | {row.percentile(99):.2f} | {row.help_in_burst:.2f} | "
+                     f"{row.help_mid_run:.2f} | {row.peak_rss / 2**20:.0f} |")
     return "\n".join(lines)
 
 

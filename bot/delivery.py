@@ -47,9 +47,9 @@ class UpdateJournal:
         if not updates:
             return []
         ids = [update.update_id for update in updates]
-        async with self.db.transaction() as conn:
-            # A few statements per batch, not one per update: under a burst every statement waits its turn on a
-            # busy event loop, and the next batch (with any /help in it) waits for this one.
+        # Urgent, and a few statements per batch rather than one per update: the next batch (with any /help in it)
+        # waits for this one, so it must not queue behind the writes of every turn a burst is finishing.
+        async with self.db.transaction(urgent=True) as conn:
             async with conn.execute("SELECT update_id FROM telegram_updates WHERE update_id BETWEEN ? AND ?",
                                     (min(ids), max(ids))) as cursor:
                 seen = {row[0] for row in await cursor.fetchall()}

@@ -1,13 +1,16 @@
 """The bot's one SQLite file: opened in WAL mode with foreign keys on, migrated on open.
 
 One aiosqlite connection is shared by the whole process. Writes go through `transaction()`, which holds a
-lock so that two coroutines never interleave statements inside one transaction.
+lock so that two coroutines never interleave statements inside one transaction. `transaction(urgent=True)` goes
+before the ordinary writers waiting for it: the update journal, which every answer waits on, does not queue behind
+the dozens of turns a burst of questions finishes at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections import deque
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable
@@ -21,6 +24,45 @@ class DatabaseOpenError(OSError):
     """The file at the database path cannot be used: a folder, not an SQLite file, or not writable."""
 
 
+class WriteLock:
+    """One holder at a time; waiters that are `urgent` get it before the others, each line first come first served."""
+
+    def __init__(self) -> None:
+        self._held = False
+        self._lines: tuple[deque[asyncio.Future], deque[asyncio.Future]] = (deque(), deque())  # urgent, ordinary
+
+    @asynccontextmanager
+    async def hold(self, urgent: bool = False) -> AsyncIterator[None]:
+        """Hold the lock for the block."""
+        await self._acquire(urgent)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, urgent: bool) -> None:
+        if not self._held:  # free, so nobody waits: a release hands the lock straight to the next waiter
+            self._held = True
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._lines[0 if urgent else 1].append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._release()  # handed over just as we were cancelled: pass it on
+            raise
+
+    def _release(self) -> None:
+        for line in self._lines:
+            while line:
+                turn = line.popleft()
+                if not turn.done():  # a cancelled waiter's turn is skipped
+                    turn.set_result(None)  # handed over: the lock stays held
+                    return
+        self._held = False
+
+
 class Database:
     """A migrated SQLite database: reads at any time, writes inside `transaction()`."""
 
@@ -28,12 +70,12 @@ class Database:
         self.conn = conn
         self.path = path
         self.applied: list[str] = []
-        self._write_lock = asyncio.Lock()
+        self._write_lock = WriteLock()
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """Run the block's statements as one transaction: all of them commit, or none."""
-        async with self._write_lock:
+    async def transaction(self, *, urgent: bool = False) -> AsyncIterator[aiosqlite.Connection]:
+        """Run the block's statements as one transaction: all of them commit, or none (`urgent`: go first)."""
+        async with self._write_lock.hold(urgent):
             # IMMEDIATE takes the write lock now, so a busy database makes us wait here (busy_timeout),
             # not fail half-way through the block.
             await self.conn.execute("BEGIN IMMEDIATE")
