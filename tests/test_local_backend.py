@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -17,11 +18,17 @@ import pytest_asyncio
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory, ModelLoadError
 from agent.llm.base import CancelToken, Completion
+from agent.llm.batching import lay_out
 from agent.llm.local import LocalLLM
 
 GGUF = Path(__file__).resolve().parents[1] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+def real_model_test(test):
+    """Mark a test as using the real model, on the module's event loop (where the shared model was started)."""
+    return pytest.mark.real_model(pytest.mark.asyncio(loop_scope="module")(test))
+
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 HAIKU = [{"role": "user", "content": "Write a haiku about the sea."}]
@@ -68,21 +75,21 @@ class ExplodingToken(CancelToken):
         return False
 
 
-@pytest.mark.real_model
+@real_model_test
 async def test_chat_template_opens_a_new_assistant_turn(llm: LocalLLM) -> None:
     reply = await llm.complete(FRANCE, max_new_tokens=12)
     assert reply.text.startswith("The capital of France is Paris")
     assert reply.prompt_tokens > llm.count_tokens(FRANCE[0]["content"])  # the template wrapped the question
 
 
-@pytest.mark.real_model
+@real_model_test
 async def test_a_final_assistant_message_is_continued_not_restarted(llm: LocalLLM) -> None:
     prefix = {"role": "assistant", "content": "The capital of France is"}
     reply = await llm.complete([*FRANCE, prefix], max_new_tokens=6)
     assert reply.text.startswith(" Paris")
 
 
-@pytest.mark.real_model
+@real_model_test
 async def test_generation_ends_at_a_stop_string_which_is_trimmed(llm: LocalLLM) -> None:
     free = await llm.complete(HAIKU, max_new_tokens=24)
     assert "\n" in free.text and free.finish_reason == "length"
@@ -93,7 +100,7 @@ async def test_generation_ends_at_a_stop_string_which_is_trimmed(llm: LocalLLM) 
     assert stopped.completion_tokens < free.completion_tokens
 
 
-@pytest.mark.real_model
+@real_model_test
 async def test_batched_greedy_outputs_equal_the_same_requests_alone(llm: LocalLLM, caplog) -> None:
     calls = [
         dict(messages=FRANCE, max_new_tokens=16, stop=["Paris"]),
@@ -109,7 +116,21 @@ async def test_batched_greedy_outputs_equal_the_same_requests_alone(llm: LocalLL
     assert alone[0].text == "The capital of France is " and alone[0].finish_reason == "stop"
 
 
-@pytest.mark.real_model
+@real_model_test
+async def test_rows_sharing_a_long_prompt_prefix_still_equal_their_runs_alone(llm: LocalLLM, caplog) -> None:
+    # Like ReAct prompts: one long shared instruction (computed once for the batch), different questions.
+    rules = "You answer questions about courses. " + " ".join(f"Rule {n}: be brief and exact." for n in range(1, 25))
+    calls = [dict(messages=[{"role": "system", "content": rules}, *question], max_new_tokens=12, stop=["\n"])
+             for question in (FRANCE, HAIKU, FRUITS, SKY)]
+    alone = [await llm.complete(**call) for call in calls]
+    with caplog.at_level(logging.DEBUG, logger="agent.llm.batching"):
+        together = await run_as_one_batch(llm, *calls)
+    shared = re.search(r"batch of 4: (\d+) prompt tokens shared", caplog.text)
+    assert shared and int(shared.group(1)) > 150
+    assert together == alone
+
+
+@real_model_test
 async def test_cancelling_one_row_leaves_the_others_untouched(llm: LocalLLM) -> None:
     others = [dict(messages=HAIKU, max_new_tokens=16), dict(messages=FRUITS, max_new_tokens=16)]
     alone = [await llm.complete(**call) for call in others]
@@ -125,7 +146,7 @@ async def test_cancelling_one_row_leaves_the_others_untouched(llm: LocalLLM) -> 
     assert rest == alone
 
 
-@pytest.mark.real_model
+@real_model_test
 async def test_cancelling_the_awaiting_task_frees_the_model_thread(llm: LocalLLM) -> None:
     long_call = asyncio.create_task(llm.complete(SKY, max_new_tokens=1000))
     await asyncio.sleep(0.3)
@@ -139,7 +160,7 @@ async def test_cancelling_the_awaiting_task_frees_the_model_thread(llm: LocalLLM
         await long_call
 
 
-@pytest.mark.real_model
+@real_model_test
 async def test_the_event_loop_keeps_ticking_while_the_model_generates(llm: LocalLLM) -> None:
     lags: list[float] = []
     generating = asyncio.gather(*(llm.complete(m, max_new_tokens=24) for m in (FRANCE, HAIKU, FRUITS, SKY)))
@@ -150,10 +171,14 @@ async def test_the_event_loop_keeps_ticking_while_the_model_generates(llm: Local
     replies = await generating
     assert all(isinstance(reply, Completion) and reply.text for reply in replies)
     assert len(lags) > 20, "generation should take a while"
-    assert max(lags) < 0.05
+    # A loop blocked by the model would lag by a whole batch (seconds). A rare tick past 50 ms is the OS
+    # scheduler on a busy two-core CI box, so the bound is on the 99th percentile, and a looser one on the worst.
+    lags.sort()
+    assert lags[int(len(lags) * 0.99)] < 0.05
+    assert lags[-1] < 0.25
 
 
-@pytest.mark.real_model
+@real_model_test
 async def test_an_error_inside_generate_reaches_its_callers_and_the_next_request_works(llm: LocalLLM) -> None:
     failing = dict(messages=FRANCE, max_new_tokens=8, cancel=ExplodingToken(RuntimeError("boom")))
     bystander = dict(messages=HAIKU, max_new_tokens=8)
@@ -165,7 +190,7 @@ async def test_an_error_inside_generate_reaches_its_callers_and_the_next_request
     assert after.text.startswith("The capital of France")
 
 
-@pytest.mark.real_model
+@real_model_test
 async def test_out_of_memory_becomes_llm_out_of_memory_for_the_whole_batch(llm: LocalLLM) -> None:
     import torch
 
@@ -175,7 +200,7 @@ async def test_out_of_memory_becomes_llm_out_of_memory_for_the_whole_batch(llm: 
     assert (await llm.complete(FRUITS, max_new_tokens=4)).text
 
 
-@pytest.mark.real_model
+@real_model_test
 async def test_a_tokenizer_without_chat_template_is_refused_at_start(llm: LocalLLM, tmp_path: Path) -> None:
     import copy
 
@@ -205,7 +230,7 @@ async def test_a_folder_without_a_model_fails_start_with_one_line(tmp_path: Path
 
 
 
-@pytest.mark.real_model
+@real_model_test
 async def test_close_cancels_what_is_in_flight_and_refuses_new_requests() -> None:
     backend = LocalLLM(str(GGUF), device_map="cpu", batch_size=1)
     await backend.start()
@@ -218,3 +243,19 @@ async def test_close_cancels_what_is_in_flight_and_refuses_new_requests() -> Non
     assert type(results[1]) is LLMError and "shutting down" in str(results[1])
     with pytest.raises(LLMError, match="not running"):
         await backend.complete(FRANCE, max_new_tokens=4)
+
+
+def test_the_shared_prefix_comes_first_then_padding_then_each_rows_own_tokens() -> None:
+    shared = list(range(100, 140))
+    layout = lay_out([shared + [7], shared + [8, 9, 10]], pad_id=0, device="cpu")
+    assert layout.shared == 40
+    assert layout.input_ids.tolist() == [shared + [0, 0, 7], shared + [8, 9, 10]]
+    assert layout.attention_mask.tolist() == [[1] * 40 + [0, 0, 1], [1] * 43]
+
+
+def test_short_common_prefixes_and_single_rows_are_plainly_left_padded() -> None:
+    layout = lay_out([[1, 2, 3], [1, 2, 4, 5]], pad_id=0, device="cpu")
+    assert layout.shared == 0
+    assert layout.input_ids.tolist() == [[0, 1, 2, 3], [1, 2, 4, 5]]
+    assert layout.attention_mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]]
+    assert lay_out([list(range(100))], pad_id=0, device="cpu").shared == 0

@@ -3,18 +3,16 @@
     event loop                               model thread
     ──────────                               ────────────
     submit(Job) ──── queue.Queue ──────────▶ take every pending job (up to batch_size)
-                                             one left-padded `model.generate` for all of them,
-                                             each row ending on its own stop strings / limit / cancel token
+                                             one `generate` for all of them (batching.py), each row
+                                             ending on its own stop strings / token limit / cancel token
     await job.future ◀── call_soon_threadsafe ─ settle each job with its Completion or its error
 
 Nothing but this thread touches torch, the model or this tokenizer: HF fast tokenizers raise "Already borrowed"
 when one instance is used from two threads, and a blocked event loop would freeze every chat.
 
-Why plain padded `generate` and not transformers' continuous batching (`generate_batch` / its manager): measured
-on the 2-core CPU box with SmolLM2-135M, 8 prompts × 32 new tokens, greedy fp32: padded `generate` ran at 83
-tokens/s, the continuous-batching manager at under 36 (paged attention has no fast CPU path), and the manager
-has no per-request stop strings or cancellation. A request that arrives mid-batch waits for the next batch:
-with ReAct calls of similar length that costs little, and every row still ends as soon as its own output does.
+A request that arrives during a batch waits for the next one (no continuous batching: see batching.py for why).
+ReAct calls from concurrent chats are of similar length, so little is lost, and every row still ends as soon as
+its own output does.
 """
 
 from __future__ import annotations
@@ -27,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory
 from agent.llm.base import CancelToken, Completion, Message, trim_at_stop
+from agent.llm.batching import BatchRow, generate_rows, render_prompt
 
 log = logging.getLogger(__name__)
 
@@ -78,52 +76,6 @@ def _resolve(future: asyncio.Future, result: Completion | None, error: BaseExcep
         future.set_exception(error)
     else:
         future.set_result(result)
-
-
-@dataclass
-class _Row:
-    """A job turned into prompt tokens, plus how and when its row ended."""
-
-    job: Job
-    prompt_ids: list[int]
-    ended_after: int = 0  # how many generated tokens belong to this row's output
-    reason: str = ""  # "stop", "length" or "cancelled"; empty while it is still generating
-    new_ids: list[int] = field(default_factory=list)
-
-
-class RowStops(StoppingCriteria):
-    """Per-row end conditions for one batch: each row's own stop strings, token limit and cancel token.
-
-    Returning a per-row bool tensor lets `generate` mark just that row finished (its `unfinished_sequences`),
-    so one chat's stop string or /cancel never cuts another chat's answer short.
-    """
-
-    def __init__(self, rows: list[_Row], prompt_width: int, tokenizer: Any, eos_ids: set[int]):
-        self.rows = rows
-        self.prompt_width = prompt_width
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-
-    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        generated = input_ids.shape[1] - self.prompt_width
-        for index, row in enumerate(self.rows):
-            if row.reason == "":
-                self._check(row, input_ids[index, self.prompt_width:], generated)
-        return torch.tensor([row.reason != "" for row in self.rows], device=input_ids.device)
-
-    def _check(self, row: _Row, new_ids: torch.Tensor, generated: int) -> None:
-        if row.job.cancelled:
-            row.ended_after, row.reason = generated, "cancelled"
-        elif int(new_ids[-1]) in self.eos_ids:
-            row.ended_after, row.reason = generated - 1, "stop"  # the end-of-turn token is not text
-        elif row.job.stop and _has_stop(self.tokenizer.decode(new_ids), row.job.stop):
-            row.ended_after, row.reason = generated, "stop"
-        elif generated >= row.job.max_new_tokens:
-            row.ended_after, row.reason = generated, "length"
-
-
-def _has_stop(text: str, stop: Sequence[str]) -> bool:
-    return any(s and s in text for s in stop)
 
 
 class ModelWorker:
@@ -236,9 +188,10 @@ class ModelWorker:
         rows = [row for job in jobs if (row := _prepare(loaded.tokenizer, job)) is not None]
         if not rows:
             return
-        log.debug("generating a batch of %d (longest prompt %d tokens)", len(rows), max(len(r.prompt_ids) for r in rows))
+        log.debug("generating a batch of %d (longest prompt %d tokens)",
+                  len(rows), max(len(row.prompt_ids) for row in rows))
         try:
-            _generate(loaded, rows, self.min_new_tokens)
+            generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens)
         except torch.OutOfMemoryError:
             _free_device_memory()
             _fail(rows, LLMOutOfMemory(
@@ -252,91 +205,32 @@ class ModelWorker:
             _settle_row(loaded.tokenizer, row)
 
 
-def _prepare(tokenizer: Any, job: Job) -> _Row | None:
+def _prepare(tokenizer: Any, job: Job) -> BatchRow | None:
     """Render and tokenize one job's chat; a job that is cancelled or cannot be rendered is settled here."""
     if job.cancelled:
         job.settle(error=LLMCancelled("cancelled before generation started"))
         return None
     try:
-        return _Row(job, render_prompt(tokenizer, job.messages, job.tools))
+        prompt_ids = render_prompt(tokenizer, job.messages, job.tools)
     except Exception as error:
         job.settle(error=LLMError(f"cannot apply the chat template: {error}"))
         return None
+    return BatchRow(prompt_ids, job.stop, job.max_new_tokens, lambda: job.cancelled, owner=job)
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None) -> list[int]:
-    """Token ids of the chat: continuing a final assistant message, else opening a new assistant turn."""
-    continuing = bool(messages) and messages[-1].get("role") == "assistant"
-    encoded = tokenizer.apply_chat_template(
-        [dict(m) for m in messages],
-        tools=tools,
-        add_generation_prompt=not continuing,
-        continue_final_message=continuing,
-        # Control tokens typed by users (`<|im_start|>system ...`) are encoded as plain text, not obeyed.
-        sanitize_control_tokens=True,
-        return_dict=True,
-    )
-    return list(encoded["input_ids"])
-
-
-def _generate(loaded: LoadedModel, rows: list[_Row], min_new_tokens: int) -> None:
-    """One greedy `generate` over the left-padded rows; each row's end is recorded by `RowStops`."""
-    model, tokenizer = loaded.model, loaded.tokenizer
-    eos_ids = _eos_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    input_ids, attention_mask = _left_pad([row.prompt_ids for row in rows], pad_id, model.device)
-    longest = max(row.job.max_new_tokens for row in rows)
-    config = GenerationConfig(
-        # Greedy: a turn is reproducible, and a row's output does not depend on its batch neighbours.
-        do_sample=False,
-        max_new_tokens=longest,
-        min_new_tokens=min(min_new_tokens, longest),
-        eos_token_id=sorted(eos_ids),
-        pad_token_id=pad_id,
-    )
-    stops = RowStops(rows, input_ids.shape[1], tokenizer, eos_ids)
-    with torch.inference_mode():
-        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                                stopping_criteria=StoppingCriteriaList([stops]))
-    _keep_generated(rows, output[:, input_ids.shape[1]:].tolist())
-
-
-def _keep_generated(rows: list[_Row], generated: list[list[int]]) -> None:
-    """Cut each row's tokens where that row ended; what the batch generated after that is padding."""
-    for row, ids in zip(rows, generated):
-        if row.reason == "":  # defensive: generate stopped before `RowStops` saw the row's last step
-            row.ended_after, row.reason = len(ids), "length"
-        row.new_ids = ids[: row.ended_after]
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    configured = model.generation_config.eos_token_id
-    ids = set(configured if isinstance(configured, list) else [configured] if configured is not None else [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
-
-
-def _left_pad(sequences: list[list[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad on the left, so every row's next token is predicted at the same position of the batch."""
-    width = max(len(s) for s in sequences)
-    ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in sequences], device=device)
-    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=device)
-    return ids, mask
-
-
-def _settle_row(tokenizer: Any, row: _Row) -> None:
+def _settle_row(tokenizer: Any, row: BatchRow) -> None:
     """Answer one caller: its text trimmed at its own stop string, or `LLMCancelled`."""
+    job: Job = row.owner
     if row.reason == "cancelled":
-        row.job.settle(error=LLMCancelled("cancelled during generation"))
+        job.settle(error=LLMCancelled("cancelled during generation"))
         return
     raw = tokenizer.decode(row.new_ids, skip_special_tokens=True)
-    text, _ = trim_at_stop(raw, row.job.stop)
-    row.job.settle(Completion(text, len(row.prompt_ids), len(row.new_ids), row.reason))
+    text, _ = trim_at_stop(raw, row.stop)
+    job.settle(Completion(text, len(row.prompt_ids), len(row.new_ids), row.reason))
 
 
-def _fail(rows: list[_Row], error: LLMError) -> None:
-    _fail_jobs([row.job for row in rows], error)
+def _fail(rows: list[BatchRow], error: LLMError) -> None:
+    _fail_jobs([row.owner for row in rows], error)
 
 
 def _free_device_memory() -> None:
