@@ -59,6 +59,7 @@ class Settings:
     history_token_budget: int = 2000
     observation_max_chars: int = 2000
     batch_size: int = 8
+    batch_wait_ms: int = 20
     turn_timeout_seconds: float = 180.0
     progress_after_seconds: float = 2.0
     typing_interval_seconds: float = 4.0
@@ -98,6 +99,8 @@ class Settings:
             _positive(name.upper(), getattr(self, name))
         if not self.scripted_delay_seconds >= 0:
             raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")
+        if self.batch_wait_ms < 0:
+            raise ConfigError(f"BATCH_WAIT_MS must be 0 or more, got {self.batch_wait_ms}")
         if self.openai_max_retries < 0:
             raise ConfigError("OPENAI_MAX_RETRIES must be 0 or more, got %d" % self.openai_max_retries)
 

@@ -131,6 +131,17 @@ async def test_rows_sharing_a_long_prompt_prefix_still_equal_their_runs_alone(ll
 
 
 @real_model_test
+async def test_requests_arriving_a_few_ms_apart_share_one_batch(llm: LocalLLM, caplog) -> None:
+    async def later(call):
+        await asyncio.sleep(0.005)
+        return await call
+
+    with caplog.at_level(logging.DEBUG, logger="agent.llm.worker"):
+        await asyncio.gather(llm.complete(FRANCE, max_new_tokens=2), later(llm.complete(HAIKU, max_new_tokens=2)))
+    assert "generating a batch of 2" in caplog.text
+
+
+@real_model_test
 async def test_cancelling_one_row_leaves_the_others_untouched(llm: LocalLLM) -> None:
     others = [dict(messages=HAIKU, max_new_tokens=16), dict(messages=FRUITS, max_new_tokens=16)]
     alone = [await llm.complete(**call) for call in others]

@@ -105,9 +105,9 @@ class BatchLayout:
     shared: int  # length of the prefix every row starts with (0: plain left padding)
 
 
-def lay_out(prompts: list[list[int]], pad_id: int, device: Any) -> BatchLayout:
+def lay_out(prompts: list[list[int]], pad_id: int, device: Any, share_prefix: bool = True) -> BatchLayout:
     """Align the rows' last tokens, the common prefix first; with no prefix worth sharing, this is left padding."""
-    shared = shared_prefix_length(prompts)
+    shared = shared_prefix_length(prompts) if share_prefix else 0
     suffixes = [prompt[shared:] for prompt in prompts]
     width = max(map(len, suffixes))
     prefix = prompts[0][:shared]

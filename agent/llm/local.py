@@ -112,27 +112,30 @@ class LocalLLM(LLM):
     name = "local"
 
     def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
-                 min_new_tokens: int = 0):
+                 batch_wait_ms: int = 20, min_new_tokens: int = 0):
         self.model_setting = model
         self.device_map = device_map
         self.dtype = dtype
         self.batch_size = batch_size
+        self.batch_wait_ms = batch_wait_ms
         self.min_new_tokens = min_new_tokens  # benchmarks only: fixed-length generations
         self._worker: ModelWorker | None = None
         self._counter: Any = None  # the event loop's own tokenizer, for count_tokens
 
     @classmethod
     def from_settings(cls, settings: "Settings") -> "LocalLLM":
-        """Build from MODEL, MODEL_DEVICE_MAP, MODEL_DTYPE and BATCH_SIZE; nothing loads until `start()`."""
+        """Build from MODEL, MODEL_DEVICE_MAP, MODEL_DTYPE, BATCH_SIZE, BATCH_WAIT_MS; nothing loads until `start()`."""
         return cls(settings.model, device_map=settings.model_device_map,
-                   dtype=settings.model_dtype, batch_size=settings.batch_size)
+                   dtype=settings.model_dtype, batch_size=settings.batch_size,
+                   batch_wait_ms=settings.batch_wait_ms)
 
     async def start(self) -> None:
         """Load the model on its thread and wait for it; raises `ModelLoadError` with one clear line."""
         source = resolve_model(self.model_setting)
         check_dtype_setting(self.dtype)
         worker = ModelWorker(lambda: load_model(source, self.device_map, self.dtype),
-                             batch_size=self.batch_size, min_new_tokens=self.min_new_tokens)
+                             batch_size=self.batch_size, batch_wait=self.batch_wait_ms / 1000,
+                             min_new_tokens=self.min_new_tokens)
         loaded = await worker.start()
         # A copy of the tokenizer is a separate Rust object, so the loop and the model thread never share one.
         self._counter = copy.deepcopy(loaded.tokenizer)

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -55,6 +56,7 @@ class Job:
     future: asyncio.Future
     caller_cancel: CancelToken | None = None
     own_cancel: CancelToken = field(default_factory=CancelToken)
+    submitted_at: float = field(default_factory=time.monotonic)
 
     @property
     def cancelled(self) -> bool:
@@ -81,9 +83,11 @@ def _resolve(future: asyncio.Future, result: Completion | None, error: BaseExcep
 class ModelWorker:
     """Owns the model thread: loads the model there, then runs batches of jobs until closed."""
 
-    def __init__(self, load: Callable[[], LoadedModel], *, batch_size: int, min_new_tokens: int = 0):
+    def __init__(self, load: Callable[[], LoadedModel], *, batch_size: int, batch_wait: float = 0.0,
+                 min_new_tokens: int = 0):
         self._load = load
         self.batch_size = batch_size
+        self.batch_wait = batch_wait  # seconds a batch may wait, from its first job's arrival, for more jobs
         # Benchmarks only: force every row to generate at least this many tokens, so runs are comparable.
         self.min_new_tokens = min_new_tokens
         self._jobs: queue.Queue = queue.Queue()
@@ -161,15 +165,21 @@ class ModelWorker:
             self._current = []
 
     def _next_batch(self) -> list[Job]:
-        """Block for one job, then take whatever else is already waiting, up to the batch size."""
+        """Block for one job, then take what else arrives within `batch_wait` of it, up to the batch size.
+
+        Turns that start together reach the model a few milliseconds apart (each first reads its history);
+        without the wait the first would run alone and the rest in a second batch, and their next calls
+        would stay out of step. Jobs that queued while a batch ran are past their wait and go at once.
+        """
         batch: list[Job] = []
         item = self._jobs.get()
         while item is not _CLOSE:
             batch.append(item)
             if len(batch) >= self.batch_size:
                 break
+            wait = batch[0].submitted_at + self.batch_wait - time.monotonic()
             try:
-                item = self._jobs.get_nowait()
+                item = self._jobs.get(timeout=wait) if wait > 0 else self._jobs.get_nowait()
             except queue.Empty:
                 break
         return batch
