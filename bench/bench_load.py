@@ -416,7 +416,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-messages", type=int, default=1, help="questions per user before measuring")
     parser.add_argument("--no-compare", action="store_true", help="only the load as given")
     parser.add_argument("--repeat", type=int, default=1, help="runs per load; the table shows the median run")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.users < args.chats or min(args.users, args.chats, args.messages) < 1:
+        parser.error("every chat needs a user, and every user a message")
+    return args
 
 
 async def bench(args: argparse.Namespace) -> list[Figures]:
