@@ -10,7 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
+import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +26,8 @@ from agent.llm.base import CancelToken, Completion
 from agent.llm.batching import lay_out
 from agent.llm.local import LocalLLM
 
-GGUF = Path(__file__).resolve().parents[1] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+REPO = Path(__file__).resolve().parents[1]
+GGUF = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 
@@ -295,3 +300,31 @@ def test_short_common_prefixes_and_single_rows_are_plainly_left_padded() -> None
     assert layout.input_ids.tolist() == [[0, 1, 2, 3], [1, 2, 4, 5]]
     assert layout.attention_mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]]
     assert lay_out([list(range(100))], pad_id=0, device="cpu").shared == 0
+
+
+def qwenbot_ask(tmp_path: Path, model: str, question: str) -> subprocess.CompletedProcess:
+    """`qwenbot ask` as a user runs it, on the local backend, configured only through the environment."""
+    settings = {"LLM_BACKEND": "local", "MODEL": model, "MODEL_DEVICE_MAP": "cpu", "AGENT_MODE": "react",
+                "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "MAX_NEW_TOKENS": "24", "MAX_STEPS": "2",
+                "LOG_LEVEL": "WARNING"}
+    environ = {**os.environ, **settings, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "bot.cli", "ask", question], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.real_model
+def test_qwenbot_ask_completes_and_stores_a_turn_on_the_local_model(tmp_path: Path) -> None:
+    done = qwenbot_ask(tmp_path, str(GGUF), "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()  # the tiny model cannot do ReAct; whatever it answers, the turn completes
+    with sqlite3.connect(tmp_path / "bot.sqlite3") as db:
+        (answer, status, model_calls), = db.execute("SELECT answer, status, model_calls FROM turns").fetchall()
+    assert answer == done.stdout.strip()
+    assert status in ("answered", "step_limit", "gave_up") and model_calls >= 1
+
+
+def test_qwenbot_ask_with_a_missing_model_fails_in_one_line(tmp_path: Path) -> None:
+    done = qwenbot_ask(tmp_path, "./nope.gguf", "hello")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == "qwenbot: MODEL ./nope.gguf: no such file"
+    assert "Traceback" not in done.stderr
