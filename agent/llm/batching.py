@@ -147,15 +147,7 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
     """Greedy generation for all `rows` at once; fills each row's `new_ids` and `reason`."""
     eos = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    longest = max(row.max_new_tokens for row in rows)
-    config = GenerationConfig(
-        # Greedy: a turn is reproducible, and a row's output does not depend on its batch neighbours.
-        do_sample=False,
-        max_new_tokens=longest,
-        min_new_tokens=min(min_new_tokens, longest),  # benchmarks only: fixed-length generations
-        eos_token_id=sorted(eos),
-        pad_token_id=pad_id,
-    )
+    config = _greedy_config(max(row.max_new_tokens for row in rows), min_new_tokens, eos, pad_id)
     with torch.inference_mode():
         layout = lay_out([row.prompt_ids for row in rows], pad_id, model.device)
         stops = RowStops(rows, layout.input_ids.shape[1], tokenizer, eos)
@@ -166,6 +158,14 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
                                 generation_config=config, stopping_criteria=StoppingCriteriaList([stops]),
                                 **({cache_argument(model): cache} if cache is not None else {}))
     _keep_generated(rows, output[:, layout.input_ids.shape[1]:].tolist())
+
+
+def _greedy_config(longest: int, min_new_tokens: int, eos: set[int], pad_id: int) -> GenerationConfig:
+    # Greedy: a turn is reproducible, and a row's output does not depend on its batch neighbours.
+    # A fresh config, so a model's own sampling defaults (Qwen ships temperature/top_p) do not apply.
+    return GenerationConfig(do_sample=False, max_new_tokens=longest,
+                            min_new_tokens=min(min_new_tokens, longest),  # benchmarks only: fixed lengths
+                            eos_token_id=sorted(eos), pad_token_id=pad_id)
 
 
 def _keep_generated(rows: list[BatchRow], generated: list[list[int]]) -> None:

@@ -51,7 +51,7 @@ def resolve_model(setting: str) -> ModelSource:
     raise ModelLoadError(f"MODEL {setting}: no such file or folder (nor a hub id like Qwen/Qwen2.5-1.5B-Instruct)")
 
 
-def choose_dtype(setting: str, cuda: bool) -> Any:
+def choose_dtype(setting: str, on_gpu: bool) -> Any:
     """The torch dtype for MODEL_DTYPE; `auto` means bf16 on a GPU and fp32 on a CPU.
 
     Why fp32 on a CPU: measured on the 2-core box (SmolLM2-135M, 8 prompts × 32 greedy tokens), a padded fp32
@@ -64,7 +64,7 @@ def choose_dtype(setting: str, cuda: bool) -> Any:
 
     check_dtype_setting(setting)
     if setting == "auto":
-        return torch.bfloat16 if cuda else torch.float32
+        return torch.bfloat16 if on_gpu else torch.float32
     return getattr(torch, setting)
 
 
@@ -83,9 +83,9 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str) -> Load
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
         check_chat_template(source, tokenizer)
+        on_gpu = torch.cuda.is_available() and device_map not in ("", "cpu")
         model = AutoModelForCausalLM.from_pretrained(
-            source.location, dtype=choose_dtype(dtype_setting, torch.cuda.is_available()),
-            device_map=device_map or None, **options)
+            source.location, dtype=choose_dtype(dtype_setting, on_gpu), device_map=device_map or None, **options)
     except ModelLoadError:
         raise
     except Exception as error:
@@ -137,7 +137,8 @@ class LocalLLM(LLM):
                              batch_size=self.batch_size, batch_wait=self.batch_wait_ms / 1000,
                              min_new_tokens=self.min_new_tokens)
         loaded = await worker.start()
-        # A copy of the tokenizer is a separate Rust object, so the loop and the model thread never share one.
+        # A copy is a separate Rust object, so the loop and the model thread never share a tokenizer. Copying
+        # here is safe: no job can reach the model thread before `self._worker` is set below.
         self._counter = copy.deepcopy(loaded.tokenizer)
         self._worker = worker
 
