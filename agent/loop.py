@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable
 
 from agent.conversations import Conversation, arguments_key, start_conversation
 from agent.errors import LLMCancelled, LLMError, LLMTimeout

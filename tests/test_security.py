@@ -36,7 +36,7 @@ from bot.logs import REDACTED, configure_logging
 from migrations import Database
 from tests.fakes.telegram_bot import ADMIN, ALICE, BOB, CAROL, TEAM, final, private_chat, running_bot
 from tests.fakes.telegram_server import FakeTelegramServer, User
-from tests.test_bad_input import SEED_COURSES, BadInputBot, start_shared_bot, stop_shared_bot
+from tests.test_bad_input import SEED_COURSES, start_shared_bot, stop_shared_bot
 from tools import build_registry
 from tools.settings import GLOBAL, ToolSettings
 
