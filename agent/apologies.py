@@ -24,6 +24,14 @@ APOLOGIES: dict[str, dict[str, str]] = {
         "zh": "抱歉，这次回答用时太长，已经停止。请换个问法再试一次。",
         "en": "Sorry, this answer took too long and was stopped. Please try again, perhaps phrased differently.",
     },
+    "busy": {
+        "zh": "抱歉，数据库正忙，这次的回答没能保存。请稍后再问一次。",
+        "en": "Sorry, the database is busy and this answer could not be saved. Please ask again in a moment.",
+    },
+    "bug": {
+        "zh": "抱歉，出了点问题，请稍后再试。",
+        "en": "Sorry, something went wrong. Please try again in a moment.",
+    },
 }
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
@@ -35,6 +43,6 @@ def language_of(text: str) -> str:
 
 
 def apology(reason: str, lang: str) -> str:
-    """The apology for `reason` ('steps', 'format', 'error' or 'timeout') in `lang` ('zh' or 'en')."""
+    """The apology for `reason` (a key of APOLOGIES: steps, format, error, timeout, busy, bug) in `lang`."""
     variants = APOLOGIES[reason]
     return variants.get(lang, variants["en"])

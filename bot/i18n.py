@@ -82,14 +82,8 @@ TEXTS: dict[str, dict[str, str]] = {
     },
     "timeout": APOLOGIES["timeout"],
     "model_error": APOLOGIES["error"],
-    "busy": {
-        "zh": "抱歉，数据库正忙，这次的回答没能保存。请稍后再问一次。",
-        "en": "Sorry, the database is busy and this answer could not be saved. Please ask again in a moment.",
-    },
-    "apology": {
-        "zh": "抱歉，出了点问题，请稍后再试。",
-        "en": "Sorry, something went wrong. Please try again in a moment.",
-    },
+    "busy": APOLOGIES["busy"],
+    "apology": APOLOGIES["bug"],
 }
 
 
