@@ -21,6 +21,7 @@ from agent.memory import Memory, Session, TurnRecord, utc_now
 from agent.apologies import apology, language_of
 from agent.prompts import REPEATED_CALL_NOTE, format_reminder
 from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
+from agent.unicode import clean_text
 from tools.registry import Tool, ToolRegistry
 from tools.settings import ToolSettings
 
@@ -85,6 +86,7 @@ class Agent:
                   cancel: CancelToken | None = None) -> TurnResult:
         """Answer `question` in `session`; store the finished turn; return the answer and its steps."""
         started, started_at = time.perf_counter(), utc_now()
+        question = clean_text(question)  # e.g. undecodable bytes of a command line: SQLite could not store them
         state = TurnState(await self.tool_settings.enabled_tools(session.chat_key), cancel or CancelToken(), on_progress)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
         conversation = start_conversation(self.limits.mode, history, question, state.tools)

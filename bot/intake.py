@@ -22,6 +22,7 @@ from telegram import Bot, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.ext import Application
 
+from agent.unicode import clean_text, has_surrogates
 from bot.replies import quietly, retry_after_seconds
 from bot.turns import TurnScheduler
 from db import Database
@@ -53,10 +54,11 @@ class UpdateJournal:
             async with conn.execute("SELECT update_id FROM telegram_updates WHERE update_id BETWEEN ? AND ?",
                                     (min(ids), max(ids))) as cursor:
                 seen = {row[0] for row in await cursor.fetchall()}
-            fresh = list({u.update_id: u for u in updates if u.update_id not in seen}.values())
+            fresh = [readable(update) for update in
+                     {u.update_id: u for u in updates if u.update_id not in seen}.values()]
             await conn.executemany("INSERT OR IGNORE INTO telegram_updates (update_id, payload) VALUES (?, ?)",
-                                   [(update.update_id, update.to_json()) for update in fresh])
-        return fresh
+                                   [(update.update_id, payload) for update, payload in fresh])
+        return [update for update, _ in fresh]
 
     async def mark_handled(self, update_id: int) -> None:
         """Record that the update's handler ended."""
@@ -77,6 +79,21 @@ class UpdateJournal:
             await conn.execute(
                 "DELETE FROM telegram_updates WHERE handled_at IS NOT NULL AND received_at < "
                 "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)", (f"-{days} days",))
+
+
+def readable(update: Update) -> tuple[Update, str]:
+    """The update as handlers may take it, and its JSON for the journal: UTF-8 text as written (not `\\uXXXX`
+    escapes, which take twice the room for Chinese), with any lone surrogate replaced (agent/unicode.py), since
+    neither SQLite nor a Bot API call can encode one."""
+    payload = json.dumps(update.to_dict(), ensure_ascii=False)
+    if not has_surrogates(payload):
+        return update, payload
+    payload = clean_text(payload)  # surrogates only occur inside JSON strings, so the JSON stays valid
+    try:
+        bot: Bot | None = update.get_bot()
+    except RuntimeError:  # an update built without a bot (tests)
+        bot = None
+    return Update.de_json(json.loads(payload), bot), payload
 
 
 class Dispatcher:

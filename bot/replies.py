@@ -20,6 +20,7 @@ from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, Tele
 from agent.memory import StoredTurn
 from agent.steps import TOOL_KINDS
 from agent.traces import render_trace, shorten
+from agent.unicode import clean_text
 from bot.i18n import text
 from tools.registry import Tool
 
@@ -103,7 +104,7 @@ async def send_text(bot: Bot, chat_id: int, text: str, *, reply_to: int | None =
                     thread_id: int | None = None) -> list[Message]:
     """Send `text` split to Telegram's limit, the first piece replying to `reply_to`; returns what was sent."""
     sent = []
-    for index, chunk in enumerate(split_message(text) or ["…"]):
+    for index, chunk in enumerate(split_message(clean_text(text)) or ["…"]):
         sent.append(await send_chunk(bot, chat_id, chunk, reply_to=reply_to if index == 0 else None,
                                      thread_id=thread_id))
     return sent
@@ -116,6 +117,7 @@ async def send_chunk(bot: Bot, chat_id: int, chunk: str, *, reply_to: int | None
     Failures are retried for `patience` seconds (default SEND_PATIENCE_SECONDS).
     """
     reply = ReplyParameters(reply_to, allow_sending_without_reply=True) if reply_to else None
+    chunk = clean_text(chunk)  # a lone surrogate cannot be encoded into the request
 
     async def send(body: str, parse_mode: str | None) -> Message:
         return await bot.send_message(chat_id, body, parse_mode=parse_mode, reply_parameters=reply,
@@ -251,7 +253,7 @@ class TurnFeedback:
                 if self.progress is None:
                     self.progress = _NO_MESSAGE
             elif self.progress is not _NO_MESSAGE:
-                await quietly(self.progress.edit_text(text), "editing the progress message")
+                await quietly(self.progress.edit_text(clean_text(text)), "editing the progress message")
             self._shown = text
 
 

@@ -25,6 +25,7 @@ from openai import AsyncOpenAI
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.llm.base import LLM, CancelToken, Completion, Message, ToolCall, trim_at_stop
 from agent.tokens import TokenCounter, estimate_tokens
+from agent.unicode import clean_json, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class OpenAILLM(LLM):
             request["stop"] = list(stop)
         if tools:
             request["tools"] = list(tools)
+        request = clean_json(request)  # a lone surrogate would fail the request body's UTF-8 encoding
         response = await self._answer_within_deadline(self._client.chat.completions.create(**request), cancel)
         return self._completion(response, request["messages"], stop)
 
@@ -142,7 +144,8 @@ class OpenAILLM(LLM):
             raise LLMError(f"model server at {self.url} returned no choices")
         choice = response.choices[0]
         # Servers trim at `stop` themselves; trimming again covers those that ignore some stop strings.
-        text, stopped = trim_at_stop(choice.message.content or "", stop)
+        # A JSON `\\ud800` escape from the server decodes to a lone surrogate, which nothing downstream can encode.
+        text, stopped = trim_at_stop(clean_text(choice.message.content or ""), stop)
         usage = response.usage
         return Completion(
             text=text,
@@ -251,7 +254,8 @@ def _tool_calls(message: Any) -> tuple[ToolCall, ...]:
     for call in message.tool_calls or ():
         function = getattr(call, "function", None)  # custom (non-function) tool calls have none
         if function is not None:
-            calls.append(ToolCall(name=function.name, arguments=function.arguments or "{}", id=call.id or ""))
+            calls.append(ToolCall(name=clean_text(function.name), arguments=clean_text(function.arguments or "{}"),
+                                  id=call.id or ""))
     return tuple(calls)
 
 
