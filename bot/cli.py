@@ -17,9 +17,9 @@ from agent.memory import Session
 from agent.apologies import apology, language_of
 from agent.traces import render_trace
 from bot.config import ConfigError, Settings
-from bot.logs import configure_logging
-from bot.services import Services, start_services
-from db import BotError, open_database
+from bot.logs import configure_logging, redact_token_shapes
+from bot.services import Services, open_settings_database, start_services
+from db import BotError
 from tools import build_registry
 from tools.settings import GLOBAL, ToolSettings
 
@@ -54,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(settings.log_level, secrets=[settings.telegram_bot_token, settings.openai_api_key])
         return COMMANDS[args.command](settings, args)
     except USER_ERRORS as error:
-        print(f"qwenbot: {error}", file=sys.stderr)
+        # A token pasted into the wrong variable may be part of the message (a path, say): never show it.
+        print(f"qwenbot: {redact_token_shapes(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -68,7 +69,7 @@ def run_async(job: Callable[[], Awaitable[int]]) -> int:
 def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     """Create or upgrade the database; print each migration applied, or that there was nothing to do."""
     async def job() -> int:
-        db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+        db = await open_settings_database(settings)
         await db.close()
         for name in db.applied:
             print(f"applied {name}")
@@ -81,7 +82,7 @@ def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
 def tools_command(settings: Settings, args: argparse.Namespace) -> int:
     """Print every registered tool with its state (globally, or in one chat)."""
     async def job() -> int:
-        db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+        db = await open_settings_database(settings)
         try:
             registry = build_registry(db, settings.tool_timeout_seconds)
             for state in await ToolSettings(db, registry).states(args.chat):

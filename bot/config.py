@@ -15,6 +15,8 @@ from dotenv import load_dotenv
 
 from agent.llm.base import MODEL_DTYPES
 from agent.loop import AgentLimits
+from bot.ids import IdError, parse_chat_id, parse_user_id
+from bot.logs import redact_token_shapes
 from db.errors import BotError
 
 LLM_BACKENDS = ("local", "openai", "scripted")
@@ -114,36 +116,55 @@ class Settings:
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:
+    if name in _ID_PARSERS:
+        return _id_set(name, raw, _ID_PARSERS[name])
     parser = _PARSERS.get(type_name.replace(" ", ""))
     if parser is None:
         return raw
     try:
         return parser(raw)
     except ValueError:
-        raise ConfigError(f"{name.upper()} must be {_DESCRIPTIONS[type_name.replace(' ', '')]}, got {raw!r}") from None
+        raise ConfigError(f"{name.upper()} must be {_DESCRIPTIONS[type_name.replace(' ', '')]}, "
+                          f"got {shown(raw)}") from None
 
 
-def _id_set(raw: str) -> frozenset[int]:
-    return frozenset(int(part) for part in raw.replace(";", ",").split(",") if part.strip())
+def _id_set(name: str, raw: str, parse_one: Callable[[str], int]) -> frozenset[int]:
+    """Ids separated by commas (or semicolons), each read by the parser /allow uses (bot/ids.py)."""
+    try:
+        return frozenset(parse_one(part.strip()) for part in raw.replace(";", ",").split(",") if part.strip())
+    except IdError as error:
+        raise ConfigError(f"{name.upper()} must be a comma-separated list of numeric ids: "
+                          f"{redact_token_shapes(str(error))}") from None
 
 
+def shown(value: str) -> str:
+    """A bad value as an error message quotes it: never anything shaped like a bot token (a token pasted into
+    the wrong variable is still a secret), and never more than a line's worth."""
+    value = redact_token_shapes(value)
+    return repr(value if len(value) <= SHOWN_CHARS else value[:SHOWN_CHARS] + "…")
+
+
+SHOWN_CHARS = 60
+_ID_PARSERS: dict[str, Callable[[str], int]] = {
+    "admin_user_ids": parse_user_id,
+    "allowed_user_ids": parse_user_id,
+    "allowed_chat_ids": parse_chat_id,
+}
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "int": int,
     "float": float,
     "Path": Path,
-    "frozenset[int]": _id_set,
 }
 _DESCRIPTIONS = {
     "int": "a whole number",
     "float": "a number",
     "Path": "a path",
-    "frozenset[int]": "a comma-separated list of numeric ids",
 }
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {shown(value)}")
 
 
 def _positive(name: str, value: float) -> None:

@@ -15,6 +15,11 @@ _TOKEN_SHAPE = re.compile(r"\d{6,12}:[A-Za-z0-9_-]{30,}")
 REDACTED = "[REDACTED]"
 
 
+def redact_token_shapes(text: str) -> str:
+    """`text` with anything shaped like a bot token replaced: for messages that show a value someone typed."""
+    return _TOKEN_SHAPE.sub(REDACTED, text)
+
+
 class RedactSecrets(logging.Filter):
     """Replace each secret (and anything shaped like a bot token) in a record's final text."""
 
@@ -26,7 +31,7 @@ class RedactSecrets(logging.Filter):
         """`text` with every secret replaced."""
         for secret in self.secrets:
             text = text.replace(secret, REDACTED)
-        return _TOKEN_SHAPE.sub(REDACTED, text)
+        return redact_token_shapes(text)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

@@ -13,7 +13,7 @@ from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
 from agent.tokens import qwen_token_counter
 from bot.config import Settings
-from db import Database, open_database
+from db import Database, DatabaseOpenError, open_database
 from tools import build_registry
 from tools.courses import CourseCatalog
 from tools.registry import ToolRegistry
@@ -41,9 +41,18 @@ class Services:
             await self.db.close()
 
 
+async def open_settings_database(settings: Settings) -> Database:
+    """The database at DATABASE_PATH; a path that cannot be used is reported naming the variable."""
+    try:
+        return await open_database(settings.database_path,
+                                   busy_timeout_seconds=settings.database_busy_timeout_seconds)
+    except DatabaseOpenError as error:
+        raise DatabaseOpenError(f"{error}; check DATABASE_PATH") from error
+
+
 async def start_services(settings: Settings, llm: LLM | None = None) -> Services:
     """Open the database, start the model (`llm`, or the configured backend), build the agent."""
-    db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+    db = await open_settings_database(settings)
     try:
         llm = llm or build_llm(settings)
         await llm.start()

@@ -9,6 +9,7 @@ the dozens of turns a burst of questions finishes at once.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -74,7 +75,7 @@ async def open_database(path: str | Path, *, busy_timeout_seconds: float = 10.0,
     """Open (creating folders as needed) and migrate the database at `path`."""
     path = Path(path)
     if str(path) != ":memory:":
-        path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(_create_private, path)
     # Probe with plain sqlite3 first: when aiosqlite.connect itself fails, its worker thread can outlive the
     # event loop and print a traceback of its own.
     try:
@@ -101,6 +102,20 @@ async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
         await conn.execute("PRAGMA foreign_keys = ON")
     except sqlite3.Error as error:
         raise DatabaseOpenError(f"cannot open the database {path}: {error}") from error
+
+
+def _create_private(path: Path) -> None:
+    """Create the missing folders (0700) and the file (0600) before SQLite does, so that neither is readable by
+    other users whatever the umask: the file holds every chat's history. SQLite gives its -wal and -shm files the
+    database file's mode. Folders and files that exist already are left as they are."""
+    try:
+        for folder in reversed([p for p in path.parents if not p.exists()]):
+            folder.mkdir(mode=0o700, exist_ok=True)
+        if not path.exists():
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError as error:
+        raise DatabaseOpenError(f"cannot open the database {path}: cannot create "
+                                f"{error.filename or path}: {error.strerror or error}") from error
 
 
 def _probe(path: Path) -> None:
