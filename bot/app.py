@@ -175,14 +175,18 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
     await dispatcher.replay()
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)
     stopping = asyncio.create_task(stop.wait())
+    # The database file deleted or replaced under us (db/file_watch.py): stop rather than write to a ghost.
+    watch = asyncio.create_task(services.db.file.watch(settings.database_check_seconds), name="database-watch")
     try:
-        await asyncio.wait([intake.task, stopping], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([intake.task, stopping, watch], return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
+        watch.cancel()
         await intake.close()
         await dispatcher.finish(settings.shutdown_grace_seconds)
-    if intake.task.done() and not intake.task.cancelled() and intake.task.exception():
-        raise intake.task.exception()  # e.g. InvalidToken: `qwenbot run` reports it in one line
+    for task in (watch, intake.task):
+        if task.done() and not task.cancelled() and task.exception():
+            raise task.exception()  # e.g. InvalidToken, DatabaseGone: `qwenbot run` reports it in one line
 
 
 class _Intake:

@@ -42,6 +42,7 @@ class Settings:
     telegram_group_messages_per_minute: float = 20.0
     database_path: Path = Path("data/bot.sqlite3")
     database_busy_timeout_seconds: float = 10.0
+    database_check_seconds: float = 2.0
     llm_backend: str = "local"
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
     model_device_map: str = "auto"
@@ -100,7 +101,7 @@ class Settings:
                      "observation_max_chars", "webhook_port"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
-                     "typing_interval_seconds"):
+                     "typing_interval_seconds", "database_check_seconds"):
             _positive(name.upper(), getattr(self, name))
         if not self.scripted_delay_seconds >= 0:
             raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")

@@ -15,6 +15,7 @@ from bot.context import BotContext
 from bot.i18n import text
 from bot.questions import addressed_question, answer_question
 from bot.replies import quietly, tools_text, trace_text
+from db import DatabaseGone
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,10 @@ async def on_error(update: object, context: BotContext) -> None:
     if isinstance(context.error, Forbidden):
         log.info("update %s: the user blocked the bot or left the chat", getattr(update, "update_id", "?"))
         return
-    log.error("handling update %s failed", getattr(update, "update_id", "?"), exc_info=context.error)
+    if isinstance(context.error, DatabaseGone):  # the bot is stopping for it: one line, no traceback
+        log.error("update %s not handled: %s", getattr(update, "update_id", "?"), context.error)
+    else:
+        log.error("handling update %s failed", getattr(update, "update_id", "?"), exc_info=context.error)
     if not isinstance(update, Update) or update.effective_message is None:
         return
     message = update.effective_message

@@ -25,7 +25,7 @@ from telegram.ext import Application
 from agent.unicode import clean_text, has_surrogates
 from bot.replies import quietly, retry_after_seconds
 from bot.turns import TurnScheduler
-from db import Database
+from db import Database, DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,9 @@ class Dispatcher:
             await self.journal.mark_handled(update_id)
             if self.handled % PRUNE_EVERY == 0:
                 await self.journal.prune()
-        except Exception:  # the database is gone or locked: the update is handled again after a restart
+        except DatabaseError as error:  # busy, or gone: the update is handled again after a restart
+            log.warning("could not mark update %s handled: %s", update_id, error)
+        except Exception:
             log.warning("could not mark update %s handled", update_id, exc_info=True)
 
     async def finish(self, grace_seconds: float) -> None:

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Iterable
 import aiosqlite
 
 from db.errors import DatabaseBusy, DatabaseOpenError, is_busy
+from db.file_watch import FileWatch
 from db.migrate import MIGRATIONS_FOLDER, apply_migrations
 from db.write_lock import WriteLock
 
@@ -29,6 +30,7 @@ class Database:
         self.conn = conn
         self.path = path
         self.applied: list[str] = []
+        self.file = FileWatch(path)
         self._write_lock = WriteLock()
 
     @asynccontextmanager
@@ -40,6 +42,7 @@ class Database:
             await self._execute_or_busy("BEGIN IMMEDIATE")
             try:
                 yield self.conn
+                self.file.check()  # a commit to a deleted file would be lost: roll back and say so instead
                 await self._execute_or_busy("COMMIT")
             except BaseException:
                 if self.conn.in_transaction:

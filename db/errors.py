@@ -9,8 +9,9 @@ and the Telegram handlers turn the ones a turn can meet into a short apology.
     ├── DatabaseError                the database cannot do what was asked (here)
     │   ├── DatabaseOpenError        the path is a folder, not SQLite, or not writable (also an OSError)
     │   ├── MigrationError           a migration file failed and was rolled back
-    │   └── DatabaseBusy             another process held the write lock past the busy timeout
-    │                                (also a sqlite3.OperationalError)
+    │   ├── DatabaseBusy             another process held the write lock past the busy timeout
+    │   │                            (also a sqlite3.OperationalError)
+    │   └── DatabaseGone             the file was deleted or replaced while the process had it open
     ├── ToolError                    a tool refuses its input; the model reads it (tools/errors.py)
     │   ├── UnknownTool              no tool of that name (also a KeyError)
     │   ├── CalculationError
@@ -46,6 +47,10 @@ class MigrationError(DatabaseError, RuntimeError):
 
 class DatabaseBusy(DatabaseError, sqlite3.OperationalError):
     """Another connection held the lock past the busy timeout; the transaction wrote nothing."""
+
+
+class DatabaseGone(DatabaseError):
+    """The database file was deleted or replaced while open: nothing written from then on would be kept."""
 
 
 def is_busy(error: sqlite3.Error) -> bool:
