@@ -15,19 +15,19 @@ import logging
 import secrets
 import signal
 from typing import Any, Awaitable, Callable
-from urllib.parse import urlparse
 
-from telegram import BotCommand, BotCommandScopeChat
+from telegram import BotCommand, BotCommandScopeChat, Update
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, CommandHandler, ContextTypes, \
-    MessageHandler, Updater, filters
+    MessageHandler, filters
 
 from agent.llm.base import LLM
 from bot import admin, handlers
 from bot.config import Settings
 from bot.context import SERVICES, TURNS, BotContext, runtime_data
-from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, consume_queue
+from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal
 from bot.replies import quietly
 from bot.services import Services, start_services
+from bot.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
 
@@ -190,19 +190,16 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
 
 
 class _Intake:
-    """Where updates come from (the poller, or the webhook server's queue), and how to stop it."""
+    """Where updates come from (the poller, or the webhook server), as a task to watch and cancel."""
 
-    def __init__(self, task: asyncio.Task, updater: Updater | None = None):
+    def __init__(self, task: asyncio.Task):
         self.task = task
-        self.updater = updater
 
     async def close(self) -> None:
-        if self.updater is not None and self.updater.running:
-            await self.updater.stop()
+        # Cancelling stops fetching (or closes the webhook server); the bot's HTTP client stays open for the
+        # handlers still sending answers: `Application.shutdown` closes it once they are done.
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
-        # Not `updater.shutdown()`: it would shut the bot's HTTP client while handlers still send answers;
-        # `Application.shutdown` does that once they are done.
 
 
 async def _start_intake(application: Application, settings: Settings, dispatcher: Dispatcher,
@@ -210,15 +207,15 @@ async def _start_intake(application: Application, settings: Settings, dispatcher
     if not settings.webhook_url:
         poller = Poller(application.bot, dispatcher, timeout=poll_timeout)
         return _Intake(asyncio.create_task(poller.run(), name="poller"))
-    # Our own queue, not the application's: updates reach handlers only through the journal.
-    updater = Updater(application.bot, asyncio.Queue())
-    await updater.initialize()
-    await updater.start_webhook(
-        listen=settings.webhook_listen, port=settings.webhook_port,
-        url_path=urlparse(settings.webhook_url).path.lstrip("/"), webhook_url=settings.webhook_url,
-        allowed_updates=ALLOWED_UPDATES, drop_pending_updates=False,
-        secret_token=settings.webhook_secret_token or secrets.token_urlsafe(32))
-    return _Intake(asyncio.create_task(consume_queue(updater.update_queue, dispatcher), name="webhook"), updater)
+
+    async def accept(update: Update) -> None:
+        await dispatcher.accept([update])
+
+    server = WebhookServer(application.bot, accept, url=settings.webhook_url, listen=settings.webhook_listen,
+                           port=settings.webhook_port,
+                           secret=settings.webhook_secret_token or secrets.token_urlsafe(32),
+                           max_body_bytes=settings.webhook_max_body_bytes, allowed_updates=ALLOWED_UPDATES)
+    return _Intake(asyncio.create_task(server.run(), name="webhook"))
 
 
 def run(settings: Settings) -> None:

@@ -38,6 +38,7 @@ class Settings:
     webhook_listen: str = "127.0.0.1"
     webhook_port: int = 8443
     webhook_secret_token: str = ""
+    webhook_max_body_bytes: int = 1_048_576
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
     database_path: Path = Path("data/bot.sqlite3")
@@ -98,7 +99,7 @@ class Settings:
         if self.webhook_port > 65535:
             raise ConfigError(f"WEBHOOK_PORT must be at most 65535, got {self.webhook_port}")
         for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
-                     "observation_max_chars", "webhook_port"):
+                     "observation_max_chars", "webhook_port", "webhook_max_body_bytes"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
                      "typing_interval_seconds", "database_check_seconds"):

@@ -4,7 +4,7 @@ Telegram forgets an update once a `getUpdates` call passes an `offset` above its
 the `telegram_updates` journal *before* the next call confirms it, and marked handled when its handler ends.
 After a crash or a shutdown that interrupted turns, the unhandled updates are handled again on start-up; an
 update Telegram sends twice is recognised by its id (and a turn already stored is not stored twice: the agent's
-`source_key`). Webhook updates go through the same journal.
+`source_key`). Webhook updates go through the same journal (bot/webhook.py).
 
 Each update is handled in its own task, started in update order, so handlers can take their place in line
 (bot/turns.py) in the order the updates came; other chats go on in parallel and `/help` never waits for a turn.
@@ -224,14 +224,3 @@ class Poller:
         self._failures += 1
         log.warning("getting updates failed (%s); retrying in %g s", error, pause)
         await asyncio.sleep(pause)
-
-
-async def consume_queue(queue: "asyncio.Queue[object]", dispatcher: Dispatcher) -> None:
-    """Webhook mode: journal and dispatch each update the webhook server puts in `queue`."""
-    while True:
-        update = await queue.get()
-        if isinstance(update, Update):
-            try:
-                await dispatcher.accept([update])
-            except Exception:
-                log.error("could not journal update %s", update.update_id, exc_info=True)
