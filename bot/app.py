@@ -170,7 +170,8 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
                         poll_timeout: float) -> None:
     services: Services = application.bot_data[SERVICES]
     journal = UpdateJournal(services.db)
-    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS])
+    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS],
+                            resend_after=settings.answer_resend_seconds)
     await journal.prune()
     await dispatcher.replay()
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)

@@ -36,10 +36,11 @@ def user_language(update: Update) -> str:
     return language(user.language_code if user else None)
 
 
-async def reply(message: Message, body: str) -> None:
-    """Answer `message` in its chat (and topic), replying to it, split and formatted safely."""
+async def reply(message: Message, body: str, *, patience: float | None = None) -> None:
+    """Answer `message` in its chat (and topic), replying to it, split and formatted safely (each piece retried
+    for `patience` seconds; bot/replies.py)."""
     await send_text(message.get_bot(), message.chat_id, body, reply_to=message.message_id,
-                    thread_id=topic_of(message))
+                    thread_id=topic_of(message), patience=patience)
 
 
 async def allowed(update: Update, context: BotContext) -> bool:

@@ -71,6 +71,8 @@ class Settings:
     progress_after_seconds: float = 2.0
     typing_interval_seconds: float = 4.0
     shutdown_grace_seconds: float = 10.0
+    send_patience_seconds: float = 30.0
+    answer_resend_seconds: float = 60.0
     log_level: str = "INFO"
 
     @classmethod
@@ -102,7 +104,8 @@ class Settings:
                      "observation_max_chars", "webhook_port", "webhook_max_body_bytes"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
-                     "typing_interval_seconds", "database_check_seconds"):
+                     "typing_interval_seconds", "database_check_seconds", "send_patience_seconds",
+                     "answer_resend_seconds"):
             _positive(name.upper(), getattr(self, name))
         if not self.scripted_delay_seconds >= 0:
             raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")

@@ -24,7 +24,7 @@ from telegram.ext import Application
 
 from agent.unicode import clean_text, has_surrogates
 from bot.replies import quietly, retry_after_seconds
-from bot.turns import TurnScheduler
+from bot.turns import UNDELIVERED, TurnScheduler
 from db import Database, DatabaseError
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ KEEP_HANDLED_DAYS = 3  # Telegram redelivers unconfirmed updates for 24 hours: k
 PRUNE_EVERY = 1000  # handled updates between two prunings of the journal
 BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
 FINISH_BOUND_SECONDS = 10  # after cancelling, how long cancelled turns get to wind down
+RESEND_AFTER_SECONDS = 60.0  # default of ANSWER_RESEND_SECONDS
 
 
 class UpdateJournal:
@@ -97,13 +98,20 @@ def readable(update: Update) -> tuple[Update, str]:
 
 
 class Dispatcher:
-    """Runs each journaled update through the application in its own task, and records when it is handled."""
+    """Runs each journaled update through the application in its own task, and records when it is handled.
 
-    def __init__(self, application: Application, journal: UpdateJournal, turns: TurnScheduler):
+    An update whose answer Telegram did not take (bot/questions.py `deliver`) stays unhandled and is handled again
+    `resend_after` seconds later: its turn is stored, so the answer comes from the store, not from the model.
+    """
+
+    def __init__(self, application: Application, journal: UpdateJournal, turns: TurnScheduler, *,
+                 resend_after: float = RESEND_AFTER_SECONDS):
         self.application = application
         self.journal = journal
         self.turns = turns
+        self.resend_after = resend_after
         self.tasks: dict[int, asyncio.Task] = {}
+        self.resends: dict[int, asyncio.Task] = {}  # undelivered answers waiting to be sent again
         self.handled = 0
 
     async def accept(self, updates: Sequence[Update]) -> None:
@@ -113,7 +121,8 @@ class Dispatcher:
 
     async def replay(self) -> int:
         """Start handling what an earlier run left unhandled; how many."""
-        pending = [u for u in await self.journal.unhandled(self.application.bot) if u.update_id not in self.tasks]
+        pending = [u for u in await self.journal.unhandled(self.application.bot)
+                   if u.update_id not in self.tasks and u.update_id not in self.resends]
         for update in pending:
             self._start(update)
         if pending:
@@ -129,11 +138,26 @@ class Dispatcher:
             await self.application.process_update(update)
         finally:
             try:
-                if not self.turns.kept_for_restart(update.update_id):
+                kept = self.turns.take_kept(update.update_id)
+                if kept is None:
                     await self._mark_handled(update.update_id)
+                elif kept == UNDELIVERED and not self.turns.closing:
+                    self._resend_later(update)
             finally:
                 # Only now: `finish` waits for what is in `tasks`, and the database must outlive the marking.
                 self.tasks.pop(update.update_id, None)
+
+    def _resend_later(self, update: Update) -> None:
+        log.info("update %s: sending its stored answer again in %g s", update.update_id, self.resend_after)
+        self.resends[update.update_id] = asyncio.create_task(self._resend(update), name=f"resend:{update.update_id}")
+
+    async def _resend(self, update: Update) -> None:
+        try:
+            await asyncio.sleep(self.resend_after)
+        finally:
+            self.resends.pop(update.update_id, None)
+        if not self.turns.closing:
+            self._start(update)
 
     async def _mark_handled(self, update_id: int) -> None:
         self.handled += 1
@@ -147,8 +171,11 @@ class Dispatcher:
             log.warning("could not mark update %s handled", update_id, exc_info=True)
 
     async def finish(self, grace_seconds: float) -> None:
-        """Let running handlers end within `grace_seconds`; then cancel the turns left and wait for them."""
+        """Let running handlers end within `grace_seconds`; then cancel the turns left and wait for them. Answers
+        waiting to be sent again stay unhandled in the journal: the next start sends them."""
         self.turns.closing = True
+        for task in list(self.resends.values()):
+            task.cancel()
         await _wait(list(self.tasks.values()), grace_seconds)
         if self.tasks:
             stopped = self.turns.cancel_all()

@@ -67,14 +67,16 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
 
 
 async def deliver(context: BotContext, message: Message, answer: str, slot: TurnSlot) -> None:
-    """Send the answer; if Telegram stays unreachable past the send's patience, leave the update for a restart."""
+    """Send the answer; if Telegram refuses it for longer than SEND_PATIENCE_SECONDS, have it sent again."""
     try:
-        await reply(message, answer)
-    except (NetworkError, RetryAfter):
-        # The turn is stored already: left unhandled in the journal, its update is answered from the store after
-        # the next start (bot/intake.py) instead of being lost. The error handler still logs the failure.
-        context.turns.keep_for_restart(slot)
-        raise
+        await reply(message, answer, patience=context.settings.send_patience_seconds)
+    except (NetworkError, RetryAfter) as error:
+        # The turn is stored already: its update stays unhandled in the journal and is handled again, answered
+        # from the store, after ANSWER_RESEND_SECONDS (or after a restart): bot/intake.py. No apology: the answer
+        # itself is on its way.
+        log.warning("the answer to update %s was not delivered (%s); it will be sent again", slot.update_id, error)
+        context.turns.keep_undelivered(slot)
+        return
     slot.answered = True
 
 

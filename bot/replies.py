@@ -27,8 +27,9 @@ from tools.registry import Tool
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = MessageLimit.MAX_TEXT_LENGTH  # 4096, counted by Telegram in UTF-16 code units
-# How long an answer keeps trying through flood waits and network failures: Telegram's 502s and dropped
-# connections come in bursts of seconds, and an answer given up on is an answer lost (its turn is stored already).
+# How long a reply keeps trying through flood waits and network failures: Telegram's 502s and dropped connections
+# come in bursts of seconds. An answer uses SEND_PATIENCE_SECONDS from the settings (and is sent again from the
+# store later if even that runs out: bot/intake.py); other replies use this default.
 SEND_PATIENCE_SECONDS = 30.0
 PROGRESS_PATIENCE_SECONDS = 2.0  # a progress message is not worth holding the turn up for
 RETRY_PAUSES_SECONDS = (0.5, 1, 2, 4, 8)  # then every 8 s
@@ -101,12 +102,13 @@ def _inline_html(segment: str) -> str:
 # --- sending ---------------------------------------------------------------------------------------------------
 
 async def send_text(bot: Bot, chat_id: int, text: str, *, reply_to: int | None = None,
-                    thread_id: int | None = None) -> list[Message]:
-    """Send `text` split to Telegram's limit, the first piece replying to `reply_to`; returns what was sent."""
+                    thread_id: int | None = None, patience: float | None = None) -> list[Message]:
+    """Send `text` split to Telegram's limit, the first piece replying to `reply_to`; returns what was sent.
+    Each piece retries for `patience` seconds (see `send_chunk`)."""
     sent = []
     for index, chunk in enumerate(split_message(clean_text(text)) or ["…"]):
         sent.append(await send_chunk(bot, chat_id, chunk, reply_to=reply_to if index == 0 else None,
-                                     thread_id=thread_id))
+                                     thread_id=thread_id, patience=patience))
     return sent
 
 
