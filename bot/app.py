@@ -23,7 +23,7 @@ from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, Comman
 from agent.llm.base import LLM
 from bot import admin, handlers
 from bot.config import Settings
-from bot.context import SERVICES, TURNS, BotContext, runtime_data
+from bot.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
 from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal
 from bot.replies import quietly
 from bot.services import Services, start_services
@@ -173,6 +173,7 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
     dispatcher = Dispatcher(application, journal, application.bot_data[TURNS],
                             resend_after=settings.answer_resend_seconds)
     await journal.prune()
+    await application.bot_data[PROGRESS].clean_up(application.bot)  # left on screen by a killed process
     await dispatcher.replay()
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)
     stopping = asyncio.create_task(stop.wait())

@@ -12,6 +12,7 @@ from telegram.ext import CallbackContext, ExtBot
 
 from bot.access import AccessControl
 from bot.config import Settings
+from bot.progress import ProgressLedger
 from bot.turns import TurnScheduler
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ SERVICES = "services"
 ACCESS = "access"
 TURNS = "turns"
 SETTINGS = "settings"
+PROGRESS = "progress"
 
 
 class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
@@ -42,6 +44,11 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
         return self.bot_data[ACCESS]
 
     @property
+    def progress(self) -> ProgressLedger:
+        """The progress messages on screen (bot/progress.py)."""
+        return self.bot_data[PROGRESS]
+
+    @property
     def turns(self) -> TurnScheduler:
         """Where each question waits for its turn."""
         return self.bot_data[TURNS]
@@ -50,4 +57,4 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
 def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
     """The `bot_data` entries `post_init` installs."""
     return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
-            TURNS: TurnScheduler()}
+            TURNS: TurnScheduler(), PROGRESS: ProgressLedger(services.db)}

@@ -56,7 +56,7 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
     feedback = TurnFeedback(context.bot, message.chat_id, placeholder=text("thinking", lang),
                             reply_to=message.message_id, thread_id=topic_of(message),
                             typing_every=settings.typing_interval_seconds,
-                            progress_after=settings.progress_after_seconds)
+                            progress_after=settings.progress_after_seconds, ledger=context.progress)
     try:
         async with feedback:
             answer = await agent_answer(context, session, question, slot, lang, feedback)

@@ -22,6 +22,7 @@ from agent.steps import TOOL_KINDS
 from agent.traces import render_trace, shorten
 from agent.unicode import clean_text
 from bot.i18n import text
+from bot.progress import ProgressLedger
 from tools.registry import Tool
 
 log = logging.getLogger(__name__)
@@ -183,12 +184,16 @@ class TurnFeedback:
     """Typing every few seconds; after `progress_after` seconds, one progress message showing the current step.
 
     Use as `async with TurnFeedback(...) as feedback:` and pass `feedback.show` as the agent's `on_progress`.
-    After the answer is sent, `remove()` deletes the progress message.
+    After the answer is sent, `remove()` deletes the progress message. With a `ledger` (bot/progress.py), the
+    progress message is listed in the database while it is on screen, so a killed process's is deleted at the
+    next start.
     """
 
     def __init__(self, bot: Bot, chat_id: int, *, placeholder: str, reply_to: int | None = None,
-                 thread_id: int | None = None, typing_every: float = 4.0, progress_after: float = 2.0):
+                 thread_id: int | None = None, typing_every: float = 4.0, progress_after: float = 2.0,
+                 ledger: ProgressLedger | None = None):
         self.bot = bot
+        self.ledger = ledger
         self.chat_id = chat_id
         self.reply_to = reply_to
         self.thread_id = thread_id
@@ -222,10 +227,12 @@ class TurnFeedback:
             self._task = None
 
     async def remove(self) -> None:
-        """Delete the progress message, if one was sent."""
+        """Delete the progress message, if one was sent (still listed if that failed: the next start retries)."""
         async with self._lock:
             if self.progress is not None:
-                await quietly(self.progress.delete(), "deleting the progress message")
+                deleted = await quietly(self.progress.delete(), "deleting the progress message")
+                if deleted and self.ledger is not None and self.progress is not _NO_MESSAGE:
+                    await self.ledger.forget(self.chat_id, self.progress.message_id)
                 self.progress = None
 
     async def _run(self) -> None:
@@ -254,6 +261,8 @@ class TurnFeedback:
                 # A failed progress message is not retried: the answer matters, the progress does not.
                 if self.progress is None:
                     self.progress = _NO_MESSAGE
+                elif self.ledger is not None:
+                    await self.ledger.remember(self.chat_id, self.progress.message_id)
             elif self.progress is not _NO_MESSAGE:
                 await quietly(self.progress.edit_text(clean_text(text)), "editing the progress message")
             self._shown = text
