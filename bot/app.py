@@ -110,6 +110,7 @@ def register_handlers(application: Application) -> None:
     application.add_handler(CommandHandler("tools", handlers.tools, filters=typed))
     for name, callback in commands.items():
         application.add_handler(CommandHandler(name, callback, filters=typed))
+    application.add_handler(MessageHandler(new & filters.StatusUpdate.MIGRATE, handlers.on_migrate))
     application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
     application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
     application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,

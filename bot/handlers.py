@@ -15,6 +15,7 @@ from bot.context import BotContext
 from bot.i18n import text
 from bot.questions import addressed_question, answer_question
 from bot.replies import quietly, tools_text, trace_text
+from bot.supergroups import carry_over
 from db import DatabaseGone
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,18 @@ async def tools(update: Update, context: BotContext) -> None:
 async def unknown_command(update: Update, context: BotContext) -> None:
     """A command the bot does not know, in a private chat: show /help."""
     await help_command(update, context)
+
+
+# --- service messages ------------------------------------------------------------------------------------------
+
+async def on_migrate(update: Update, context: BotContext) -> None:
+    """A group became a supergroup: carry its access, history and tool settings over to the new id."""
+    message = update.effective_message
+    if message.migrate_to_chat_id:  # said in the old group
+        old_id, new_id = message.chat_id, message.migrate_to_chat_id
+    else:  # said in the new supergroup
+        old_id, new_id = message.migrate_from_chat_id, message.chat_id
+    await carry_over(context.services.db, context.access, old_id, new_id)
 
 
 # --- errors ----------------------------------------------------------------------------------------------------
