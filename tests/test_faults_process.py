@@ -62,14 +62,15 @@ MODEL_SECONDS = 0.6  # per model call: a turn is in flight long enough for the k
 class BotProcess:
     """`qwenbot run` as a child process, its logs in files (a pipe nobody reads could fill up and block it)."""
 
-    def __init__(self, server: FakeTelegramServer, folder: Path, answer_prefix: str):
+    def __init__(self, server: FakeTelegramServer, folder: Path, answer_prefix: str,
+                 settings: dict[str, str] | None = None):
         replies = folder / f"{answer_prefix}.json"
         replies.write_text(json.dumps([final(f"{answer_prefix} #{n}") for n in range(50)]), encoding="utf-8")
         env = {**os.environ, "TELEGRAM_BOT_TOKEN": server.token, "TELEGRAM_BASE_URL": server.base_url,
                "LLM_BACKEND": "scripted", "SCRIPTED_REPLIES_PATH": str(replies),
                "SCRIPTED_DELAY_SECONDS": str(MODEL_SECONDS), "DATABASE_PATH": str(folder / "bot.sqlite3"),
                "ALLOWED_USER_IDS": ",".join(str(user.id) for user in USERS), "SHUTDOWN_GRACE_SECONDS": "5",
-               "TOKENIZER_VOCAB_PATH": str(folder / "absent.tiktoken"), "PYTHONPATH": str(ROOT)}
+               "TOKENIZER_VOCAB_PATH": str(folder / "absent.tiktoken"), "PYTHONPATH": str(ROOT), **(settings or {})}
         self.log = folder / f"{answer_prefix}.log"
         with open(self.log, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=folder, env=env,
