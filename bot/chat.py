@@ -69,23 +69,24 @@ async def refuse(update: Update, context: BotContext, lead: str = "") -> None:
     """Tell a sender without access their id and how to get access, after `lead` (e.g. the /start text).
 
     Once per REFUSAL_INTERVAL_SECONDS per sender, and only with spare sending capacity (bot/ratelimit.py): a
-    stranger's flood costs one message, and never delays an answer. Senders without an id (channels, anonymous
-    admins) are not answered.
+    stranger's flood costs one message, and never delays an answer. A message with no sender (a channel writing
+    in a group) has no id to give: it gets `lead` alone, if anything, under the same rule for its channel.
     """
     user, message = update.effective_user, update.effective_message
-    if user is None or not context.refusals.may_tell(user.id):
+    parts = [lead, text("not_allowed", user_language(update), user_id=user.id) if user else ""]
+    body = "\n\n".join(part for part in parts if part)
+    sender = user.id if user else (message.sender_chat or message.chat).id
+    if not body or not context.refusals.may_tell(sender):
         return
-    body = text("not_allowed", user_language(update), user_id=user.id)
     try:
         await message.get_bot().send_message(
-            message.chat_id, f"{lead}\n\n{body}" if lead else body, message_thread_id=topic_of(message),
-            reply_parameters=ReplyParameters(message.message_id, allow_sending_without_reply=True),
-            rate_limit_args=SPARE_ONLY)
+            message.chat_id, body, message_thread_id=topic_of(message), rate_limit_args=SPARE_ONLY,
+            reply_parameters=ReplyParameters(message.message_id, allow_sending_without_reply=True))
     except NoSpareCapacity:
-        context.refusals.forget(user.id)  # not told after all: their next message may be
-        log.info("no spare capacity to refuse user %s in chat %s; skipped", user.id, message.chat_id)
+        context.refusals.forget(sender)  # not told after all: their next message may be
+        log.info("no spare capacity to refuse sender %s in chat %s; skipped", sender, message.chat_id)
     except TelegramError as error:
-        log.info("refusing user %s failed: %s", user.id, error)
+        log.info("refusing sender %s failed: %s", sender, error)
 
 
 async def reply_or_refuse(update: Update, context: BotContext, body: str) -> None:
