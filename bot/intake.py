@@ -119,11 +119,11 @@ class UpdateJournal:
                         source, self.source)
 
     async def prune(self, days: int = KEEP_HANDLED_DAYS) -> None:
-        """Forget handled updates older than `days` (of every source)."""
+        """Forget updates older than `days` that were handled, or that another source left (never handled here)."""
         async with self.db.transaction() as conn:
             await conn.execute(
-                "DELETE FROM telegram_updates WHERE handled_at IS NOT NULL AND received_at < "
-                "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)", (f"-{days} days",))
+                "DELETE FROM telegram_updates WHERE (handled_at IS NOT NULL OR source NOT IN (?, '')) "
+                "AND received_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)", (self.source, f"-{days} days"))
 
 
 def _log_skipped(skipped: list[Update], journaled: dict[int, str]) -> None:

@@ -75,7 +75,10 @@ async def turn_away(update: Update, context: BotContext) -> None:
     user = update.effective_user
     if not await may_talk(update, context):
         await refuse(update, context)
-    elif context.turns.pending(user.id) and context.turns.tell_once(user.id, "too_many"):
+        return
+    log.debug("update %s: user %s has %d questions pending; dropped", update.update_id, user.id,
+             context.turns.pending(user.id))
+    if context.turns.pending(user.id) and context.turns.tell_once(user.id, "too_many"):
         await quietly(reply(update.effective_message, text("too_many_pending", user_language(update),
                                                            limit=context.settings.max_pending_questions)),
                       "the too-many-questions notice")

@@ -7,6 +7,8 @@ Each test here was written against a break found by an outside probe (issue 13) 
 from __future__ import annotations
 
 from bot.i18n import text
+from bot.refusals import RefusalLog
+from bot.turns import TurnScheduler
 from tests.fakes.telegram_bot import (ADMIN, ALICE, STRANGERS, final, private_chat, start_bot,
                                       telegram_server)
 from tests.fakes.telegram_server import User
@@ -175,3 +177,33 @@ async def test_a_question_over_the_length_cap_gets_a_clear_reply_and_never_reach
     assert bot.llm.requests == []
     assert await bot.ask(ALICE_CHAT, ALICE, "长" * 100) == "fits"
     assert await bot.query("SELECT count(*) FROM turns") == [(1,)]
+
+
+# --- the pieces, as plain objects ---------------------------------------------------------------------------------
+
+def test_a_refusal_log_tells_each_sender_once_per_interval_and_forgets_old_entries():
+    now = [0.0]
+    refusals = RefusalLog(10, clock=lambda: now[0])
+    assert refusals.may_tell(1) and not refusals.may_tell(1) and refusals.may_tell(2)
+    now[0] = 9.9
+    assert not refusals.may_tell(1)
+    now[0] = 10.5
+    assert refusals.may_tell(1)  # the interval is over
+    assert len(refusals) == 1  # and 2, whose interval is over too, is forgotten: a flood of ids does not pile up
+    refusals.forget(1)
+    assert refusals.may_tell(1)
+
+
+async def test_the_scheduler_counts_pending_questions_and_gives_each_notice_once_per_wait():
+    turns = TurnScheduler()
+    first, second = turns.reserve("chat", 1), turns.reserve("chat", 1)
+    assert turns.pending(1) == 2 and turns.pending(2) == 0
+    assert turns.tell_once(1, "queued") and not turns.tell_once(1, "queued") and turns.tell_once(1, "too_many")
+    turns.release(first)
+    turns.release(first)  # twice: counted once
+    assert turns.pending(1) == 1 and not turns.tell_once(1, "queued")
+    turns.release(second)
+    assert turns.pending(1) == 0 and not turns._pending and not turns._told  # nothing kept for idle users
+    third = turns.reserve("chat", 1)
+    assert turns.tell_once(1, "queued")  # a new wait
+    turns.release(third)
