@@ -4,7 +4,9 @@ Telegram forgets an update once a `getUpdates` call passes an `offset` above its
 the `telegram_updates` journal *before* the next call confirms it, and marked handled when its handler ends.
 After a crash or a shutdown that interrupted turns, the unhandled updates are handled again on start-up; an
 update Telegram sends twice is recognised by its id (and a turn already stored is not stored twice: the agent's
-`source_key`). Webhook updates go through the same journal.
+`source_key`). Ids are unique only for one bot at one Bot API server, so each row carries its source (the bot id
+and TELEGRAM_BASE_URL): another server's ids starting again at 1 are new updates, and what is skipped is logged.
+Webhook updates go through the same journal.
 
 Each update is handled in its own task, started in update order, so handlers can take their place in line
 (bot/turns.py) in the order the updates came; other chats go on in parallel and `/help` never waits for a turn.
