@@ -1,17 +1,19 @@
-"""One batch of requests through one greedy `model.generate`: layout, shared prefix, per-row ends.
+"""One batch of requests through one greedy `model.generate`: prefix reuse, layout, per-row ends, pauses.
 
-Runs on the model thread only (see `worker.py`). Two choices here, both measured on the 2-core CPU box with
-SmolLM2-135M (fp32, greedy):
+Runs on the model thread only (see `worker.py`). The choices here, measured on 2-core CPU boxes with SmolLM2-135M:
 
 - Plain padded `generate` with a per-row `StoppingCriteria`, not transformers' continuous-batching manager
   (`generate_batch`): for 8 prompts × 32 new tokens, padded `generate` ran at 83 tokens/s, the manager at under 36
   (its paged attention has no fast CPU path), and the manager has no per-request stop strings or cancellation.
-- The prompt prefix that every row of a batch shares is computed once. ReAct prompts are long (the system message
-  and every tool description: ~690 tokens for this tokenizer) and differ only in their last few dozen tokens, and
-  on a CPU that prefill is compute-bound, so batching alone barely helps it: 8 such prompts × 32 new tokens took
-  60 s one at a time, 48 s as one plain padded batch, and 8.7 s with the shared prefix computed once, every output
-  identical to its request run alone. Rows are laid out `[shared prefix][padding][own suffix]`; the attention mask
-  hides the padding and `generate` derives positions from the mask, so each suffix continues at the right position.
+- No prompt token is computed twice while its KV is known. ReAct prompts are long (the system message and every
+  tool description: ~690 tokens) and on a CPU prefill is compute-bound. Each row starts from the longest prefix the
+  `PrefixCache` holds of it (the tools' prompt, or its own turn so far); the prefix every row of a batch shares is
+  computed once when the store knows less of it. Rows are laid out `[reused prefix][padding][own tokens]`; the
+  attention mask hides the padding and `generate` derives positions from the mask, so each row's tokens continue
+  at the right position.
+- Continuous batching, the simple way: when a newcomer waits and the batch has room, the batch pauses after the
+  current step, its unfinished rows keep their KV in the store, and the next batch takes them with the newcomer.
+  A row's caller is answered the moment the row ends, not when the batch does.
 """
 
 from __future__ import annotations
