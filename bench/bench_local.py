@@ -355,6 +355,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print the table and the verdicts (or JSON rows); progress goes to stderr."""
     args = parse(argv)
+    for quiet in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):  # the contenders' loading bars, on stderr
+        os.environ.setdefault(quiet, "1")
     started = time.perf_counter()
     rows, facts = bench(args)
     lines = [json.dumps(row, ensure_ascii=False) for row in rows]
