@@ -24,9 +24,8 @@ from typing import Any
 
 from agent.llm.base import LLM, Completion
 from agent.llm.openai import OpenAILLM
-from agent.loop import Session
 from agent.tokens import qwen_token_counter
-from bench.measures import LagMeter, PeakMemory, percentile
+from bench.measures import GpuPeak, LagMeter, PeakMemory, percentile
 from bench.react_turns import InstantLLM, Question, ScriptedReact, first_prompt, probe_first_token, question, \
     run_chats
 from bot.config import Settings
@@ -139,11 +138,14 @@ class AgentContender:
     def __init__(self, spec: Spec, services: Services, llm: ScriptedReact):
         self.spec, self.services, self.llm = spec, services, llm
         self.memory = PeakMemory(spec.server_pid or "self") if spec.kind != "openai" or spec.server_pid else None
+        self.gpu = GpuPeak() if spec.kind != "openai" else None
 
     async def row(self, plan: RowPlan) -> dict[str, Any]:
         """Measure one row."""
         if self.memory:
             self.memory.reset()
+        if self.gpu:
+            self.gpu.reset()
         before = len(self.llm.calls)
         async with LagMeter() as lag:
             turns = await run_chats(self.services.agent, self.llm, plan.questions())
@@ -157,6 +159,7 @@ class AgentContender:
         if plan.probe and self.spec.probe_tokens:
             row.update(await self.probe(plan))
         row["peak_rss_mb"] = self.memory.peak_mb() if self.memory else None
+        row["gpu_peak_mb"] = self.gpu.peak_mb() if self.gpu else None
         return row
 
     def reuse_known(self) -> bool:
@@ -200,11 +203,12 @@ class RawContender:
 
         self.spec, self.services, self.recorder, self.loaded = spec, services, recorder, loaded
         self.store = PrefixCache(spec.prefix_cache_mb << 20)
-        self.memory = PeakMemory()
+        self.memory, self.gpu = PeakMemory(), GpuPeak()
 
     async def row(self, plan: RowPlan) -> dict[str, Any]:
         """Record the row's prompts, then time their generation round by round."""
         self.memory.reset()
+        self.gpu.reset()
         before = len(self.recorder.prompts)
         await run_chats(self.services.agent, self.recorder, plan.questions())
         prompts = self.recorder.prompts[before:]
@@ -215,7 +219,7 @@ class RawContender:
         seconds, tokens, sent, reused = await asyncio.to_thread(self._generate, [rounds[k] for k in sorted(rounds)])
         return {"tokens": tokens, "seconds": seconds, "turns": plan.chats * plan.turns, "calls": len(prompts),
                 "prompt_tokens_sent": sent, "prompt_tokens_reused": reused, "prompt_tokens_computed": sent - reused,
-                "peak_rss_mb": self.memory.peak_mb()}
+                "peak_rss_mb": self.memory.peak_mb(), "gpu_peak_mb": self.gpu.peak_mb()}
 
     def _generate(self, rounds: list[list[Any]]) -> tuple[float, int, int, int]:
         from agent.llm.batching import BatchRow, generate_rows, render_prompt

@@ -56,6 +56,24 @@ class PeakMemory:
         return int(found.group(1)) / 1024 if found else None
 
 
+class GpuPeak:
+    """Peak GPU memory allocated by torch in this process, from a point on (None without CUDA)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda if torch.cuda.is_available() else None
+
+    def reset(self) -> None:
+        """Start a new peak."""
+        if self._cuda:
+            self._cuda.reset_peak_memory_stats()
+
+    def peak_mb(self) -> float | None:
+        """The peak since the last reset, in MiB."""
+        return self._cuda.max_memory_allocated() / 2**20 if self._cuda else None
+
+
 class LagMeter:
     """A ticker coroutine every 10 ms; records how late each tick wakes up (the event loop's lag)."""
 

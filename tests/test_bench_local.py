@@ -53,3 +53,8 @@ def test_openai_contender_rows_and_requests(capsys):
     first_calls = [re.findall(r"^Question: (.*)$", c, re.MULTILINE)[-1] for c in contents
                    if re.search(r"\nQuestion: [^\n]*$", c)]
     assert len(first_calls) == calls // 2 and len(set(first_calls)) == len(first_calls)  # every question distinct
+
+
+def test_end_tokens_of_the_test_gguf_are_the_ones_llama_cpp_ends_on():
+    # SmolLM2's eos is <|im_end|> (2); <|endoftext|> (0) ends a llama.cpp generation too, by its name.
+    assert bench_local.end_token_ids(bench_local.DEFAULT_MODEL) == (0, 2)
