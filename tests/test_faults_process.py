@@ -20,7 +20,9 @@ from collections import Counter
 from contextlib import closing
 from pathlib import Path
 
+from bot.config import Settings
 from bot.i18n import TEXTS
+from bot.intake import journal_source, turn_source_key
 from tests.fakes.telegram_bot import ALICE, final, private_chat, start_bot, telegram_server
 from tests.fakes.telegram_server import FakeTelegramServer, User
 from tests.test_database_lock import hold_lock
@@ -91,6 +93,12 @@ class BotProcess:
         return self.log.read_text(encoding="utf-8")
 
 
+def turn_key(server: FakeTelegramServer, update_id: int) -> str:
+    """The `source_key` a `qwenbot run` against `server` stores the turn of update `update_id` under."""
+    settings = Settings(telegram_bot_token=server.token, telegram_base_url=server.base_url)
+    return turn_source_key(journal_source(server.bot.id, settings), update_id)
+
+
 def answers_by_question(server: FakeTelegramServer) -> dict[int, list[str]]:
     """Accepted answers (not notices) by the message they reply to: (chat id, message id) → texts."""
     found: dict[tuple[int, int], list[str]] = {}
@@ -143,7 +151,7 @@ async def test_a_process_killed_mid_turn_restarts_cleanly_and_answers_every_ques
     answers = answers_by_question(telegram_server)
     for key, update_id in questions.items():
         texts = answers[key]
-        if update_id in handled or f"tg:update:{update_id}" not in stored:
+        if update_id in handled or turn_key(telegram_server, update_id) not in stored:
             assert len(texts) == 1, (key, texts)  # answered and recorded before the kill; or only after it
         else:
             # Stored before the kill, not yet recorded as handled: sent again from the store, never asked again.
@@ -154,7 +162,7 @@ async def test_a_process_killed_mid_turn_restarts_cleanly_and_answers_every_ques
         assert_intact(conn)
         assert_every_turn_whole_in_the_history(conn)
         keys = Counter(key for (key,) in conn.execute("SELECT source_key FROM turns"))
-        assert keys == Counter({f"tg:update:{update_id}": 1 for update_id in questions.values()})
+        assert keys == Counter({turn_key(telegram_server, update_id): 1 for update_id in questions.values()})
         assert conn.execute("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL").fetchone() == (0,)
         delivered = {(chat, texts[0]) for (chat, _), texts in answers.items()}
         stored_answers = set(conn.execute("SELECT sessions.chat_id, answer FROM turns JOIN sessions "
