@@ -77,3 +77,16 @@ def test_the_start_log_names_the_database_and_the_model(tmp_path):
     assert done.stdout.strip() == "42"
     assert f"database {clone / 'data' / 'bot.sqlite3'}" in done.stderr
     assert "model scripted backend" in done.stderr
+
+
+def test_a_relative_model_path_is_found_in_the_data_dir_not_the_current_folder(tmp_path, monkeypatch):
+    from agent.llm.local import resolve_model
+
+    (tmp_path / "data" / "models").mkdir(parents=True)
+    (tmp_path / "data" / "models" / "mine.gguf").write_bytes(b"GGUF")
+    (tmp_path / "data" / "qwen-folder").mkdir()
+    monkeypatch.chdir(tmp_path)  # a models/mine.gguf here must not be what it finds
+    source = resolve_model("models/mine.gguf", tmp_path / "data")
+    assert (source.location, source.gguf_file, source.hub) == (str(tmp_path / "data" / "models"), "mine.gguf", False)
+    assert resolve_model("qwen-folder", tmp_path / "data").location == str(tmp_path / "data" / "qwen-folder")
+    assert resolve_model("Qwen/Qwen2.5-7B-Instruct", tmp_path / "data").hub
