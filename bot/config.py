@@ -70,6 +70,7 @@ class Settings:
     shutdown_grace_seconds: float = 10.0
     log_level: str = "INFO"
     doctor_min_free_disk_mb: int = 2000
+    doctor_timeout_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         """Make every path absolute against DATA_DIR, so no path depends on the folder `qwenbot` runs in."""
@@ -112,7 +113,7 @@ class Settings:
                      "observation_max_chars", "webhook_port"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
-                     "typing_interval_seconds"):
+                     "typing_interval_seconds", "doctor_timeout_seconds"):
             _positive(name.upper(), getattr(self, name))
         if not self.scripted_delay_seconds >= 0:
             raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")
