@@ -75,6 +75,7 @@ def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     async def job() -> int:
         db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
         await db.close()
+        log.info("database %s", db.path)
         for name in db.applied:
             print(f"applied {name}")
         if not db.applied:
