@@ -24,7 +24,7 @@ from agent.errors import LLMError, ModelLoadError
 from bot.config import ConfigError, Settings
 from bot.logs import configure_logging
 from bot.paths import dotenv_file
-from migrations.runner import MIGRATIONS_FOLDER, discover
+from db.migrate import MIGRATIONS_FOLDER, discover
 from tools.calculator import CALCULATOR
 
 PROBE = [{"role": "user", "content": "Say OK."}]  # the one-token request sent to a model server
@@ -257,9 +257,9 @@ def check_native_template(tokenizer: Any) -> Check:
 
 async def check_model_server(settings: Settings) -> list[Check]:
     """The server answers, serves the model, completes one token, and takes tools in native mode."""
-    from agent.llm.openai import OpenAILLM
+    from bot.services import build_llm
 
-    llm = OpenAILLM.from_settings(settings)
+    llm = build_llm(settings)
     try:
         served = await llm.served_models()
         if served and llm.model not in served:

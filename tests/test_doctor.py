@@ -19,7 +19,7 @@ import pytest
 
 from bot.config import Settings
 from bot.doctor import Status, diagnose, report
-from migrations import open_database
+from db import open_database
 from tests.fakes.openai_server import FakeOpenAIServer, error, text
 from tests.fakes.telegram_server import FakeTelegramServer
 
