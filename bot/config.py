@@ -47,6 +47,8 @@ class Settings:
     model_device_map: str = "auto"
     model_dtype: str = "auto"
     model_cache_dir: Path = Path("models")
+    model_converted_dir: Path = Path("converted-models")
+    prefix_cache_mb: int = 512
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: str = "EMPTY"
     openai_model: str = ""
@@ -83,7 +85,7 @@ class Settings:
         if (old := moved_database(data_dir, self.database_path)) is not None:
             raise ConfigError(f"DATABASE_PATH is now relative to DATA_DIR ({data_dir}), so {self.database_path} "
                               f"no longer names your database {old}: set DATABASE_PATH={old.relative_to(data_dir)}")
-        for name in ("database_path", "tokenizer_vocab_path", "model_cache_dir"):
+        for name in ("database_path", "tokenizer_vocab_path", "model_cache_dir", "model_converted_dir"):
             object.__setattr__(self, name, under(data_dir, getattr(self, name)))
 
     @classmethod
@@ -119,6 +121,8 @@ class Settings:
             _positive(name.upper(), getattr(self, name))
         if not self.scripted_delay_seconds >= 0:
             raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")
+        if self.prefix_cache_mb < 0:
+            raise ConfigError(f"PREFIX_CACHE_MB must be 0 or more, got {self.prefix_cache_mb}")
         if self.batch_wait_ms < 0:
             raise ConfigError(f"BATCH_WAIT_MS must be 0 or more, got {self.batch_wait_ms}")
         if self.doctor_min_free_disk_mb < 0:
