@@ -1,7 +1,7 @@
 """Where the bot keeps its files, whatever folder `qwenbot` is started from.
 
-One rule: every path setting (the database, Qwen's tiktoken vocabulary, the model cache, a local MODEL) that is
-relative resolves against the data directory, and the data directory is
+One rule: every path setting (the database, Qwen's tiktoken vocabulary, the model cache, converted GGUF models, a
+local MODEL) that is relative resolves against the data directory, and the data directory is
 
 1. `DATA_DIR`, when set (an absolute path, `~` allowed);
 2. otherwise `data/` beside the project, when the code runs from a checkout (`scripts/setup.sh` installs it
