@@ -1,4 +1,4 @@
-"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools.
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools, doctor.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -43,12 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--session", default="cli:ask", help="history session id (default: cli:ask)")
     chat = commands.add_parser("chat", help="an interactive session in the terminal (/reset, /trace, /quit)")
     chat.add_argument("--session", default="cli:chat", help="history session id (default: cli:chat)")
+    commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `qwenbot` console script."""
     args = build_parser().parse_args(argv)
+    if args.command == "doctor":  # reports a bad setting as one of its checks, with the others
+        from bot.doctor import doctor_main
+
+        return doctor_main()
     try:
         settings = Settings.from_env()
         configure_logging(settings.log_level, secrets=[settings.telegram_bot_token, settings.openai_api_key])
@@ -70,6 +75,7 @@ def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     async def job() -> int:
         db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
         await db.close()
+        log.info("database %s", db.path)
         for name in db.applied:
             print(f"applied {name}")
         if not db.applied:

@@ -15,6 +15,7 @@ from dotenv import load_dotenv
 
 from agent.llm.base import MODEL_DTYPES
 from agent.loop import AgentLimits
+from bot.paths import default_data_dir, dotenv_file, moved_database, under
 from db.errors import BotError
 
 LLM_BACKENDS = ("local", "openai", "scripted")
@@ -38,14 +39,16 @@ class Settings:
     webhook_secret_token: str = ""
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
-    database_path: Path = Path("data/bot.sqlite3")
+    data_dir: Path = field(default_factory=default_data_dir)
+    database_path: Path = Path("bot.sqlite3")
     database_busy_timeout_seconds: float = 10.0
     instance_lock_wait_seconds: float = 30.0
     llm_backend: str = "local"
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
     model_device_map: str = "auto"
     model_dtype: str = "auto"
-    model_converted_dir: Path = Path("data/converted-models")
+    model_cache_dir: Path = Path("models")
+    model_converted_dir: Path = Path("converted-models")
     prefix_cache_mb: int = 512
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: str = "EMPTY"
@@ -55,7 +58,7 @@ class Settings:
     agent_mode: str = AgentLimits.mode
     scripted_replies_path: str = ""
     scripted_delay_seconds: float = 0.0
-    tokenizer_vocab_path: Path = Path("data/qwen.tiktoken")
+    tokenizer_vocab_path: Path = Path("qwen.tiktoken")
     admin_user_ids: frozenset[int] = field(default_factory=frozenset)
     allowed_user_ids: frozenset[int] = field(default_factory=frozenset)
     allowed_chat_ids: frozenset[int] = field(default_factory=frozenset)
@@ -74,13 +77,27 @@ class Settings:
     typing_interval_seconds: float = 4.0
     shutdown_grace_seconds: float = 10.0
     log_level: str = "INFO"
+    doctor_min_free_disk_mb: int = 2000
+    doctor_timeout_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        """Make every path absolute against DATA_DIR, so no path depends on the folder `qwenbot` runs in."""
+        data_dir = self.data_dir.expanduser()
+        if not data_dir.is_absolute():
+            raise ConfigError(f"DATA_DIR must be an absolute path, got {str(self.data_dir)!r}")
+        object.__setattr__(self, "data_dir", data_dir)
+        if (old := moved_database(data_dir, self.database_path)) is not None:
+            raise ConfigError(f"DATABASE_PATH is now relative to DATA_DIR ({data_dir}), so {self.database_path} "
+                              f"no longer names your database {old}: set DATABASE_PATH={old.relative_to(data_dir)}")
+        for name in ("database_path", "tokenizer_vocab_path", "model_cache_dir", "model_converted_dir"):
+            object.__setattr__(self, name, under(data_dir, getattr(self, name)))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, dotenv: bool = True) -> "Settings":
         """Read settings from `environ` (default: the process environment, after loading `.env`)."""
         if environ is None:
             if dotenv:
-                load_dotenv()
+                load_dotenv(dotenv_file())
             environ = os.environ
         values: dict[str, Any] = {}
         for spec in fields(cls):
@@ -104,7 +121,7 @@ class Settings:
                      "observation_max_chars", "webhook_port", "max_pending_questions", "max_question_chars"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
-                     "typing_interval_seconds"):
+                     "typing_interval_seconds", "doctor_timeout_seconds"):
             _positive(name.upper(), getattr(self, name))
         if not self.scripted_delay_seconds >= 0:
             raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")
@@ -115,6 +132,8 @@ class Settings:
             raise ConfigError(f"PREFIX_CACHE_MB must be 0 or more, got {self.prefix_cache_mb}")
         if self.batch_wait_ms < 0:
             raise ConfigError(f"BATCH_WAIT_MS must be 0 or more, got {self.batch_wait_ms}")
+        if self.doctor_min_free_disk_mb < 0:
+            raise ConfigError(f"DOCTOR_MIN_FREE_DISK_MB must be 0 or more, got {self.doctor_min_free_disk_mb}")
         if self.openai_max_retries < 0:
             raise ConfigError("OPENAI_MAX_RETRIES must be 0 or more, got %d" % self.openai_max_retries)
 

@@ -6,6 +6,7 @@ The Telegram application keeps the services in `bot_data`; the terminal commands
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from agent.llm import LLM
@@ -18,6 +19,8 @@ from tools import build_registry
 from tools.courses import CourseCatalog
 from tools.registry import ToolRegistry
 from tools.settings import ToolSettings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,8 +47,10 @@ class Services:
 async def start_services(settings: Settings, llm: LLM | None = None) -> Services:
     """Open the database, start the model (`llm`, or the configured backend), build the agent."""
     db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+    log.info("database %s", db.path)
     try:
         llm = llm or build_llm(settings)
+        log.info("model %s", describe_model(settings, llm))
         await llm.start()
     except BaseException:
         await db.close()
@@ -72,7 +77,8 @@ def build_llm(settings: Settings) -> LLM:
 
         return LocalLLM(settings.model, device_map=settings.model_device_map, dtype=settings.model_dtype,
                         batch_size=settings.batch_size, batch_wait_ms=settings.batch_wait_ms,
-                        converted_dir=settings.model_converted_dir, prefix_cache_mb=settings.prefix_cache_mb)
+                        converted_dir=settings.model_converted_dir, prefix_cache_mb=settings.prefix_cache_mb,
+                        base_dir=settings.data_dir, cache_dir=settings.model_cache_dir)
     if settings.llm_backend == "openai":
         from agent.llm.openai import OpenAILLM
 
@@ -84,3 +90,13 @@ def build_llm(settings: Settings) -> LLM:
 
     return ScriptedLLM.from_file(settings.scripted_replies_path, delay=settings.scripted_delay_seconds,
                                  count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
+
+
+def describe_model(settings: Settings, llm: LLM) -> str:
+    """Which model runs, and where it comes from, for the start-up log (a server's URL without credentials)."""
+    url = getattr(llm, "url", None)
+    if url is not None:
+        return f"{getattr(llm, 'model', settings.model)} on the server at {url}"
+    if llm.name == "local":
+        return f"{settings.model} (local; relative paths in {settings.data_dir}, hub cache {settings.model_cache_dir})"
+    return f"{llm.name} backend"

@@ -330,7 +330,8 @@ def test_rows_with_nothing_reused_are_plainly_left_padded() -> None:
 def qwenbot_ask(tmp_path: Path, model: str, question: str) -> subprocess.CompletedProcess:
     """`qwenbot ask` as a user runs it, on the local backend, configured only through the environment."""
     settings = {"LLM_BACKEND": "local", "MODEL": model, "MODEL_DEVICE_MAP": "cpu", "AGENT_MODE": "react",
-                "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "MAX_NEW_TOKENS": "24", "MAX_STEPS": "2",
+                "DATA_DIR": str(tmp_path), "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "MAX_NEW_TOKENS": "24",
+                "MAX_STEPS": "2",
                 "LOG_LEVEL": "WARNING"}
     environ = {**os.environ, **settings, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "bot.cli", "ask", question], cwd=tmp_path, env=environ,
@@ -351,5 +352,7 @@ def test_qwenbot_ask_completes_and_stores_a_turn_on_the_local_model(tmp_path: Pa
 def test_qwenbot_ask_with_a_missing_model_fails_in_one_line(tmp_path: Path) -> None:
     done = qwenbot_ask(tmp_path, "./nope.gguf", "hello")
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == "qwenbot: MODEL ./nope.gguf: no such file"
+    # A relative MODEL is looked for in the data directory, and the line says where that was.
+    expected = f"qwenbot: MODEL ./nope.gguf: no such file ({tmp_path / 'nope.gguf'})"
+    assert done.stderr.strip().splitlines()[-1] == expected
     assert "Traceback" not in done.stderr

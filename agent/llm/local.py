@@ -21,6 +21,7 @@ from typing import Any, Iterator, Sequence
 
 from agent.errors import LLMError, ModelLoadError
 from agent.llm.base import LLM, MODEL_DTYPES, CancelToken, Completion, Message
+from agent.llm.hub import hub_load_options
 from agent.llm.worker import Job, LoadedModel, ModelWorker
 
 log = logging.getLogger(__name__)
@@ -35,20 +36,26 @@ class ModelSource:
     setting: str  # MODEL exactly as configured, for error messages
     location: str  # a hub id or a folder
     gguf_file: str | None = None
+    hub: bool = False  # `location` is a hub id
 
 
-def resolve_model(setting: str) -> ModelSource:
-    """Tell a `.gguf` file, a local folder and a hub id apart; a missing local path is a `ModelLoadError`."""
-    path = Path(setting).expanduser()
+def resolve_model(setting: str, base_dir: Path | None = None) -> ModelSource:
+    """Tell a `.gguf` file, a local folder and a hub id apart; a missing local path is a `ModelLoadError`.
+
+    A relative path is looked for inside `base_dir` (the data directory), not in the current folder.
+    """
+    path = (base_dir or Path()) / Path(setting).expanduser()
+    where = f" ({path})" if path.is_absolute() and str(path) != setting else ""
     if setting.endswith(".gguf"):
         if not path.is_file():
-            raise ModelLoadError(f"MODEL {setting}: no such file")
+            raise ModelLoadError(f"MODEL {setting}: no such file{where}")
         return ModelSource(setting, str(path.parent), path.name)
     if path.is_dir():
         return ModelSource(setting, str(path))
     if _HUB_ID.match(setting) and not setting.startswith("."):
-        return ModelSource(setting, setting)
-    raise ModelLoadError(f"MODEL {setting}: no such file or folder (nor a hub id like Qwen/Qwen2.5-1.5B-Instruct)")
+        return ModelSource(setting, setting, hub=True)
+    raise ModelLoadError(f"MODEL {setting}: no such file or folder{where} "
+                         "(nor a hub id like Qwen/Qwen2.5-1.5B-Instruct)")
 
 
 def choose_dtype(setting: str, on_gpu: bool) -> Any:
@@ -82,12 +89,22 @@ def check_dtype_setting(setting: str) -> None:
         raise ModelLoadError(f"MODEL_DTYPE must be one of {', '.join(MODEL_DTYPES)}, got {setting!r}")
 
 
+def load_options(source: ModelSource, cache_dir: Path | None) -> dict[str, Any]:
+    """The `from_pretrained` options for `source`: its GGUF file, or for a hub id the cache (see hub.py)."""
+    if source.gguf_file:
+        return {"gguf_file": source.gguf_file}
+    if source.hub:
+        return hub_load_options(source.location, cache_dir)
+    return {}
+
+
 def load_model(source: ModelSource, device_map: str, dtype_setting: str,
-               converted_dir: Path | None = None) -> LoadedModel:
+               converted_dir: Path | None = None, cache_dir: Path | None = None) -> LoadedModel:
     """Load tokenizer and model (on the model thread); every failure becomes one clear `ModelLoadError` line.
 
     A GGUF file is converted on its first load (tokenizer built, weights de-quantized: a minute on a small CPU)
-    and, with `converted_dir`, saved there in transformers' own format, so later starts load in seconds.
+    and, with `converted_dir`, saved there in transformers' own format, so later starts load in seconds. A hub
+    id is looked for, and downloaded, in `cache_dir`.
     """
     import torch
 
@@ -99,7 +116,7 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
         if converted is not None and (converted / COMPLETE_MARK).is_file():
             tokenizer, model = _from_pretrained(ModelSource(source.setting, str(converted)), dtype, device_map)
         else:
-            tokenizer, model = _from_pretrained(source, dtype, device_map)
+            tokenizer, model = _from_pretrained(source, dtype, device_map, cache_dir)
             if converted is not None:
                 save_converted(model, tokenizer, converted)
     except ModelLoadError:
@@ -112,10 +129,11 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     return LoadedModel(model, tokenizer)
 
 
-def _from_pretrained(source: ModelSource, dtype: Any, device_map: str) -> tuple[Any, Any]:
+def _from_pretrained(source: ModelSource, dtype: Any, device_map: str,
+                     cache_dir: Path | None = None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    options: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    options = load_options(source, cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
     check_chat_template(source, tokenizer)
     model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, device_map=device_map or None,
@@ -191,10 +209,12 @@ class LocalLLM(LLM):
 
     def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
                  batch_wait_ms: int = 20, min_new_tokens: int = 0, converted_dir: Path | None = None,
-                 prefix_cache_mb: int = 0):
+                 prefix_cache_mb: int = 0, base_dir: Path | None = None, cache_dir: Path | None = None):
         self.model_setting = model
         self.converted_dir = converted_dir
         self.prefix_cache_mb = prefix_cache_mb
+        self.base_dir = base_dir  # where a relative MODEL path is looked for (the data directory)
+        self.cache_dir = cache_dir  # where hub models are downloaded to and looked for
         self.device_map = device_map
         self.dtype = dtype
         self.batch_size = batch_size
@@ -205,9 +225,10 @@ class LocalLLM(LLM):
 
     async def start(self) -> None:
         """Load the model on its thread and wait for it; raises `ModelLoadError` with one clear line."""
-        source = resolve_model(self.model_setting)
+        source = resolve_model(self.model_setting, self.base_dir)
         check_dtype_setting(self.dtype)
-        worker = ModelWorker(lambda: load_model(source, self.device_map, self.dtype, self.converted_dir),
+        worker = ModelWorker(lambda: load_model(source, self.device_map, self.dtype, self.converted_dir,
+                                                self.cache_dir),
                              batch_size=self.batch_size, batch_wait=self.batch_wait_ms / 1000,
                              min_new_tokens=self.min_new_tokens, prefix_cache_bytes=self.prefix_cache_mb << 20)
         loaded = await worker.start()

@@ -66,6 +66,12 @@ class OpenAILLM(LLM):
 
     async def start(self) -> None:
         """Check the server answers `GET /models`, so a wrong address fails start-up in one clear line."""
+        served = await self.served_models()
+        if served and self.model not in served:
+            log.warning("model server at %s does not list %r (it lists %s)", self.url, self.model, ", ".join(served))
+
+    async def served_models(self) -> list[str]:
+        """The model ids the server lists (empty when it has no usable list); unreachable is an `LLMError`."""
         quick = self._client.with_options(timeout=min(START_TIMEOUT_SECONDS, self.timeout_seconds), max_retries=0)
         try:
             page = await quick.models.list()
@@ -76,10 +82,8 @@ class OpenAILLM(LLM):
                 raise LLMError(self._describe_status(error) + " (check OPENAI_API_KEY)") from None
             # It answered, so it is reachable; some servers simply have no model list.
             log.warning("model server at %s has no usable model list: %s", self.url, self._describe_status(error))
-            return
-        served = [model.id for model in page.data]
-        if served and self.model not in served:
-            log.warning("model server at %s does not list %r (it lists %s)", self.url, self.model, ", ".join(served))
+            return []
+        return [model.id for model in page.data]
 
     async def close(self) -> None:
         """Close the client's connections."""
