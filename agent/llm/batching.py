@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from agent.llm.base import Message
+from agent.llm.text_stream import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +35,26 @@ MIN_SHARED_PREFIX = 32
 
 @dataclass
 class BatchRow:
-    """One request in a batch: its prompt and limits in; how it ended and its new tokens out."""
+    """One request in a batch, and all that changes about it while the batch runs.
+
+    The per-row state lives here, and `RowSteps` (after every generated token) is the one loop that updates it: a
+    per-row concern adds its field here and its line in `take`.
+    """
 
     prompt_ids: list[int]
     stop: Sequence[str] = ()
     max_new_tokens: int = 512
     is_cancelled: Callable[[], bool] = lambda: False
     owner: Any = None  # whoever asked (the worker keeps the caller's job here)
+    stream: TextStream | None = None  # where the row's new text goes as it is generated, if its caller listens
     ended_after: int = 0  # how many generated tokens belong to this row's output
     reason: str = ""  # "stop", "length" or "cancelled"; empty while it is still generating
     new_ids: list[int] = field(default_factory=list)
+
+    def take(self, token_id: int) -> None:
+        """The row generated `token_id`: its text goes to its caller."""
+        if self.stream is not None:
+            self.stream.push(token_id)
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -61,11 +72,13 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
     return list(encoded["input_ids"])
 
 
-class RowStops(StoppingCriteria):
-    """Per-row end conditions for one batch: each row's own stop strings, token limit and cancel token.
+class RowSteps(StoppingCriteria):
+    """The per-row loop after every generated token: each live row takes its token (`BatchRow.take`), then checks
+    its own end conditions: stop strings, token limit, cancel token.
 
-    Returning a per-row bool tensor lets `generate` mark just that row finished (its `unfinished_sequences`),
-    so one chat's stop string or /cancel never cuts another chat's answer short.
+    `generate` calls stopping criteria once per step with the token just appended to every row, which makes this
+    the place for per-row work. Returning a per-row bool tensor lets `generate` mark just that row finished (its
+    `unfinished_sequences`), so one chat's stop string or /cancel never cuts another chat's answer short.
     """
 
     def __init__(self, rows: list[BatchRow], prompt_width: int, tokenizer: Any, eos_ids: set[int]):
@@ -78,7 +91,9 @@ class RowStops(StoppingCriteria):
         generated = input_ids.shape[1] - self.prompt_width
         for index, row in enumerate(self.rows):
             if row.reason == "":
-                self._check(row, input_ids[index, self.prompt_width:], generated)
+                new_ids = input_ids[index, self.prompt_width:]
+                row.take(int(new_ids[-1]))
+                self._check(row, new_ids, generated)
         return torch.tensor([row.reason != "" for row in self.rows], device=input_ids.device)
 
     def _check(self, row: BatchRow, new_ids: torch.Tensor, generated: int) -> None:
@@ -150,12 +165,12 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
     config = _greedy_config(max(row.max_new_tokens for row in rows), min_new_tokens, eos, pad_id)
     with torch.inference_mode():
         layout = lay_out([row.prompt_ids for row in rows], pad_id, model.device)
-        stops = RowStops(rows, layout.input_ids.shape[1], tokenizer, eos)
+        steps = RowSteps(rows, layout.input_ids.shape[1], tokenizer, eos)
         cache = prefill_shared_prefix(model, layout)
         log.debug("batch of %d: %d prompt tokens shared, %d own at most", len(rows), layout.shared,
                   layout.input_ids.shape[1] - layout.shared)
         output = model.generate(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
-                                generation_config=config, stopping_criteria=StoppingCriteriaList([stops]),
+                                generation_config=config, stopping_criteria=StoppingCriteriaList([steps]),
                                 **({cache_argument(model): cache} if cache is not None else {}))
     _keep_generated(rows, output[:, layout.input_ids.shape[1]:].tolist())
 
@@ -171,7 +186,7 @@ def _greedy_config(longest: int, min_new_tokens: int, eos: set[int], pad_id: int
 def _keep_generated(rows: list[BatchRow], generated: list[list[int]]) -> None:
     """Cut each row's tokens where that row ended; what the batch generated after that is padding."""
     for row, ids in zip(rows, generated):
-        if row.reason == "":  # defensive: generate stopped before `RowStops` saw the row's last step
+        if row.reason == "":  # defensive: generate stopped before `RowSteps` saw the row's last step
             row.ended_after, row.reason = len(ids), "length"
         row.new_ids = ids[: row.ended_after]
 
