@@ -2,6 +2,9 @@
 
     serial   one model call at a time (a lock around the backend), as the original article's `model.chat` does
     batched  the model thread batching every pending call into one `generate` (agent/llm/worker.py)
+    streamed the same, with every turn listening to its events, so every row streams its text as it is generated
+             (the cost of the streaming hook: incremental decoding on the model thread, the hand-over to the loop,
+             the agent reading each piece for an answer)
     raw      the ceiling: the prompts the batched run sent, in `model.generate` calls of up to BATCH_SIZE rows,
              with no agent, tools, database, queue or event loop around them; twice: laid out as the worker lays
              them out (shared prompt prefix computed once: the ceiling proper), and plainly left-padded (every row
@@ -15,6 +18,7 @@ the real agent, prompt rendering, tool registry, course tool and SQLite database
 
     .venv/bin/python bench/bench_local.py                       # 1, 4, 8, 16 chats; 32 tokens per call
     .venv/bin/python bench/bench_local.py --chats 8 --new-tokens 64
+    .venv/bin/python bench/bench_local.py --chats 1 8 --modes batched streamed   # the streaming hook's cost
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.llm.base import LLM, CancelToken, Completion, Message  # noqa: E402
+from agent.events import AnswerText, TurnEvent  # noqa: E402
+from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink  # noqa: E402
 from agent.llm.local import LocalLLM, ModelSource, load_model, resolve_model  # noqa: E402
 from agent.llm.batching import cache_argument, lay_out, prefill_shared_prefix, render_prompt  # noqa: E402
 from agent.loop import Agent, Session  # noqa: E402
@@ -39,6 +44,7 @@ from bot.config import Settings  # noqa: E402
 from bot.services import Services, start_services  # noqa: E402
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODES = ("serial", "batched", "streamed", "raw", "padded")
 QUESTION = "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？"
 ACTION_REPLY = ("Thought: 我需要查询大模型技术实战课程的课时数。\n"
                 "Action: course_query\n"
@@ -71,10 +77,13 @@ class FixedReplyLLM(LLM):
         return self.inner.count_tokens(text)
 
     async def complete(self, messages: Sequence[Message], *, stop: Sequence[str] = (), max_new_tokens: int = 512,
-                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None) -> Completion:
-        """Generate `new_tokens` real tokens for `messages`, then answer with the scripted ReAct text."""
+                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None,
+                       on_text: TextSink | None = None) -> Completion:
+        """Generate `new_tokens` real tokens for `messages` (streamed to `on_text`), then answer with the scripted
+        ReAct text."""
         async with self._gate:
-            real = await self.inner.complete(messages, max_new_tokens=self.new_tokens, tools=tools, cancel=cancel)
+            real = await self.inner.complete(messages, max_new_tokens=self.new_tokens, tools=tools, cancel=cancel,
+                                             on_text=on_text)
         self.generated += real.completion_tokens
         self.calls.append(list(messages))
         continuing = messages[-1]["role"] == "assistant"  # the trace already holds the Observation
@@ -141,23 +150,37 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered) + 0.5) - 1))]
 
 
-async def one_turn(agent: Agent, session: Session) -> float:
+class EventCounter:
+    """A turn's listener, as Telegram's or the terminal's: counts what it is told."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.answer_texts = 0
+
+    def __call__(self, event: TurnEvent) -> None:
+        self.events += 1
+        self.answer_texts += isinstance(event, AnswerText)
+
+
+async def one_turn(agent: Agent, session: Session, listener: EventCounter | None = None) -> float:
     """Run one turn and check it took the scripted path (tool, then answer); return its latency in seconds."""
     started = time.perf_counter()
-    result = await agent.run(session, QUESTION)
+    result = await agent.run(session, QUESTION, on_event=listener)
     kinds = [step.kind for step in result.steps]
     if kinds != ["tool", "final"] or "200" not in result.steps[0].observation or "200" not in result.answer:
         raise SystemExit(f"turn took an unexpected path: {kinds} {result.steps} {result.answer!r}")
     return time.perf_counter() - started
 
 
-async def agent_phase(agent: Agent, llm: FixedReplyLLM, chats: int, mode: str) -> Row:
-    """`chats` concurrent sessions, each running one full turn; tokens, latencies and loop lag measured."""
+async def agent_phase(agent: Agent, llm: FixedReplyLLM, chats: int, mode: str, listen: bool = False) -> Row:
+    """`chats` concurrent sessions, each running one full turn (listened to, so streaming, when `listen`); tokens,
+    latencies and loop lag measured."""
     sessions = [Session(id=f"bench:{mode}:{chats}:{i}", chat_key="bench") for i in range(chats)]
     before = llm.generated
     async with LagMeter() as lag:
         started = time.perf_counter()
-        latencies = await asyncio.gather(*(one_turn(agent, session) for session in sessions))
+        latencies = await asyncio.gather(*(one_turn(agent, session, EventCounter() if listen else None)
+                                           for session in sessions))
         seconds = time.perf_counter() - started
     return Row(chats, mode, llm.generated - before, seconds, list(latencies), lag.p99_ms())
 
@@ -229,21 +252,41 @@ async def measure(services: Services, batched: FixedReplyLLM, args: argparse.Nam
     agents = {"serial": Agent(serial, services.registry, services.tool_settings, services.memory,
                               services.agent.limits),
               "batched": services.agent}
+    raw = {"raw", "padded"} & set(args.modes)
     ceiling = RawCeiling(resolve_model(str(args.model)), args.dtype, args.batch_size, args.new_tokens)
-    await ceiling.load()
+    if raw:
+        await ceiling.load()
     await agent_phase(services.agent, batched, 2, "warm-up")
-    await ceiling.run(batched.calls, 2, share_prefix=True)
+    if raw:
+        await ceiling.run(batched.calls, 2, share_prefix=True)
     rows: list[Row] = []
     for chats in args.chats:
-        level = [await agent_phase(agents["serial"], serial, chats, "serial")]
+        level = []
+        if "serial" in args.modes:
+            level.append(await agent_phase(agents["serial"], serial, chats, "serial"))
         batched.calls.clear()
-        level.append(await agent_phase(agents["batched"], batched, chats, "batched"))
-        level.append(await ceiling.run(list(batched.calls), chats, share_prefix=True))
-        if not args.skip_padded:
+        if "batched" in args.modes or raw:
+            level.append(await agent_phase(agents["batched"], batched, chats, "batched"))
+        if "streamed" in args.modes:
+            level.append(await agent_phase(agents["batched"], batched, chats, "streamed", listen=True))
+        if "raw" in args.modes:
+            level.append(await ceiling.run(list(batched.calls), chats, share_prefix=True))
+        if "padded" in args.modes and not args.skip_padded:
             level.append(await ceiling.run(list(batched.calls), chats, share_prefix=False))
         print(*(row.markdown() for row in level), sep="\n", file=sys.stderr, flush=True)
         rows.extend(level)
     return rows
+
+
+def streaming_cost(rows: list[Row]) -> list[str]:
+    """Streamed runs against the plain batched runs at the same concurrency."""
+    lines = []
+    for streamed in (row for row in rows if row.mode == "streamed"):
+        plain = next(row for row in rows if row.mode == "batched" and row.chats == streamed.chats)
+        lines.append(f"at {streamed.chats} chats: streamed {streamed.tokens_per_second:.1f} tokens/s = "
+                     f"{streamed.tokens_per_second / plain.tokens_per_second:.1%} of batched "
+                     f"({plain.tokens_per_second:.1f})")
+    return lines
 
 
 def verdict(rows: list[Row], chats: int) -> str:
@@ -269,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=8, help="BATCH_SIZE of the model thread")
     parser.add_argument("--batch-wait-ms", type=int, default=20, help="BATCH_WAIT_MS of the model thread")
     parser.add_argument("--dtype", default="auto", help="MODEL_DTYPE (auto = float32 on a CPU)")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
+                        help="which runs to make at each concurrency (default: all)")
     parser.add_argument("--skip-padded", action="store_true",
                         help="skip the plain left-padded raw runs (slow: every row computes the whole prompt)")
     args = parser.parse_args(argv)
@@ -280,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     print(*(row.markdown() for row in rows), sep="\n")
     print("\n" + verdict(rows, 8))
+    print(*streaming_cost(rows), sep="\n")
     return 0
 
 
