@@ -125,8 +125,10 @@ class AnswerStream:
                 await asyncio.wait_for(self._closing.wait(), self.interval)
 
     async def _keep_pace(self) -> None:
-        """Wait until `interval` has passed since the last update: the final answer is one more in this chat."""
-        await asyncio.sleep(max(0.0, self._last_update + self.interval - asyncio.get_running_loop().time()))
+        """Wait until `interval` has passed since the last update, when the final answer edits what streamed (one
+        more edit in this chat). After drafts it goes at once: a draft is no message."""
+        if self.messages:
+            await asyncio.sleep(max(0.0, self._last_update + self.interval - asyncio.get_running_loop().time()))
 
     async def _stop_updates(self) -> None:
         """End the update task; an update in flight completes first, so no message is sent twice."""

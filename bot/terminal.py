@@ -49,6 +49,9 @@ class TurnView(Protocol):
     def notice(self, text: str) -> None:
         """A line about the session itself: stopped, history cleared, the trace."""
 
+    def interrupted(self) -> None:
+        """The turn ended without an answer (stopped, failed): leave the screen tidy for what comes next."""
+
 
 def make_view(*, quiet: bool, stdout: TextIO | None = None, stderr: TextIO | None = None) -> TurnView:
     """A live view on a terminal, plain lines elsewhere; only the answer with `quiet`."""
@@ -80,6 +83,9 @@ class PlainView:
 
     def notice(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+    def interrupted(self) -> None:
+        pass
 
 
 class LiveView:
@@ -123,6 +129,12 @@ class LiveView:
             self.printed = ""
         self.console.print(Text(text, style="yellow"), soft_wrap=True)
 
+    def interrupted(self) -> None:
+        self._still()  # a spinner left running would keep the cursor hidden after the program ends
+        if self.printed:
+            self.console.print()
+            self.printed = ""
+
     def _show_answer(self, text: str) -> None:
         self._still()
         if text.startswith(self.printed):
@@ -161,7 +173,11 @@ def _one_line(text: str) -> str:
 async def answer_once(services: Services, session: Session, question: str, view: TurnView,
                       cancel: CancelToken | None = None) -> TurnResult:
     """Run one turn, showing it in `view`. `LLMError`s propagate."""
-    result = await services.agent.run(session, question, on_event=view.on_event, cancel=cancel)
+    try:
+        result = await services.agent.run(session, question, on_event=view.on_event, cancel=cancel)
+    except BaseException:
+        view.interrupted()
+        raise
     view.answer(result.answer)
     return result
 

@@ -21,6 +21,7 @@ import json
 import logging
 import re
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Awaitable, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -81,23 +82,20 @@ class OpenAILLM(LLM):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_seconds
         patience, pause = FIRST_PROBE_SECONDS, BUSY_PAUSE_SECONDS
-        while True:
-            left = deadline - loop.time()
-            busy = await self._probe(min(patience, max(left, 0.1)))
-            if busy is None:
-                return
+        while (busy := await self._probe(min(patience, max(deadline - loop.time(), 0.1)))) is not None:
             left = deadline - loop.time()
             if left <= 0:
-                raise LLMError(f"the model server at {self.url} is running but busy: {busy}, for "
+                raise LLMError(f"the model server at {self.url} is running but busy: {busy.reason}, for "
                                f"{self.startup_seconds:g} s (OPENAI_STARTUP_SECONDS); try again when it is free")
-            wait = 0.0 if busy.startswith("no answer") else min(pause, left)
-            log.warning("the model server at %s is busy (%s); waiting for it, up to %.0f s more", self.url, busy, left)
-            await asyncio.sleep(wait)
+            log.warning("the model server at %s is busy (%s); waiting for it, up to %.0f s more", self.url,
+                        busy.reason, left)
+            if busy.answered:  # it said so at once: pause before asking again (a time-out was the pause itself)
+                await asyncio.sleep(min(pause, left))
             patience, pause = patience * 2, pause * 2
 
-    async def _probe(self, patience: float) -> str | None:
-        """One `GET /models`: None when the server answered, else what makes it look busy. Raises `LLMError`
-        when it is not running or refuses our key."""
+    async def _probe(self, patience: float) -> "_Busy | None":
+        """One `GET /models`: None when the server answered, else why it looks busy. Raises `LLMError` when it is
+        not running or refuses our key."""
         quick = self._client.with_options(
             timeout=httpx.Timeout(patience, connect=self.limits.connect_seconds), max_retries=0)
         try:
@@ -106,7 +104,7 @@ class OpenAILLM(LLM):
             if isinstance(error.__cause__, httpx.ConnectTimeout):
                 raise LLMError(f"cannot reach the model server at {self.url}: no answer to the connection within "
                                f"{self.limits.connect_seconds:g} s (is the host up?)") from None
-            return f"no answer to GET /models within {patience:g} s"
+            return _Busy(f"no answer to GET /models within {patience:g} s", answered=False)
         except openai.APIConnectionError as error:
             raise LLMError(f"cannot reach the model server at {self.url}: {self._reason(error)} "
                            f"(is it running?)") from None
@@ -115,11 +113,11 @@ class OpenAILLM(LLM):
         self._check_model_listed([model.id for model in page.data])
         return None
 
-    def _status_at_start(self, error: openai.APIStatusError) -> str | None:
+    def _status_at_start(self, error: openai.APIStatusError) -> "_Busy | None":
         if error.status_code in (401, 403):
             raise LLMError(self._describe_status(error) + " (check OPENAI_API_KEY)") from None
         if error.status_code in BUSY_STATUSES:
-            return f"it answered {error.status_code} ({self._one_line(str(error.message))})"
+            return _Busy(f"it answered {error.status_code} ({self._one_line(str(error.message))})", answered=True)
         # It answered, so it is reachable; some servers simply have no model list.
         log.warning("model server at %s has no usable model list: %s", self.url, self._describe_status(error))
         return None
@@ -250,6 +248,14 @@ class OpenAILLM(LLM):
             text = text.replace(self._api_key, "***")
         text = re.sub(r"\s+", " ", text).strip()
         return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…"
+
+
+@dataclass(frozen=True)
+class _Busy:
+    """Why the server looks busy at start-up, and whether it said so (a status) or kept silent (a time-out)."""
+
+    reason: str
+    answered: bool
 
 
 def to_chat_messages(messages: Sequence[Message]) -> list[Message]:
