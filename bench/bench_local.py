@@ -275,7 +275,24 @@ async def measure(services: Services, batched: FixedReplyLLM, args: argparse.Nam
             level.append(await ceiling.run(list(batched.calls), chats, share_prefix=False))
         print(*(row.markdown() for row in level), sep="\n", file=sys.stderr, flush=True)
         rows.extend(level)
+    if "streamed" in args.modes:
+        hook = hook_microseconds(batched.inner._counter)
+        print(f"streaming hook: {hook:.0f} µs per row and token on the model thread", file=sys.stderr, flush=True)
     return rows
+
+
+def hook_microseconds(tokenizer: Any, tokens: int = 512) -> float:
+    """What the streaming hook adds on the model thread per row and token: `TextStream.push` on real text, with a
+    sink that does nothing (the hand-over to the loop is one `call_soon_threadsafe`)."""
+    from agent.llm.text_stream import TextStream
+
+    text = (FINAL_REPLY + " " + ACTION_REPLY) * 40
+    ids = tokenizer.encode(text, add_special_tokens=False)[:tokens]
+    stream = TextStream(tokenizer, lambda piece: None)
+    started = time.perf_counter()
+    for token_id in ids:
+        stream.push(token_id)
+    return (time.perf_counter() - started) / len(ids) * 1e6
 
 
 def streaming_cost(rows: list[Row]) -> list[str]:
