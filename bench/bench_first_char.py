@@ -8,6 +8,9 @@ OpenAI-compatible server (llama.cpp's Python server on the same GGUF). For each 
     whole answer from the question to the end of the turn: when, without streaming, the first character appeared
     no listener  the same turn with nobody listening (nothing streams): the turn's time before this change
 
+With the local backend it also times the streaming hook by itself: what `TextStream.push` (the incremental
+decoding each streaming row does on the model thread after every token) costs per token.
+
     .venv/bin/python bench/bench_first_char.py
     .venv/bin/python bench/bench_first_char.py --server http://127.0.0.1:8766/v1 --server-model smol --skip-local
 """
@@ -22,12 +25,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.events import AnswerText, TurnEvent  # noqa: E402
 from agent.llm.base import LLM  # noqa: E402
+from agent.llm.text_stream import TextStream  # noqa: E402
 from agent.loop import Session  # noqa: E402
 from bot.config import Settings  # noqa: E402
 from bot.services import Services, build_llm, start_services  # noqa: E402
@@ -67,6 +71,19 @@ async def one_turn(services: Services, number: int, listen: bool) -> Timing:
     return Timing(listener.at if listener else None, time.perf_counter() - started, len(result.answer))
 
 
+def hook_microseconds(tokenizer: Any, tokens: int = 512) -> float:
+    """Microseconds per token of `TextStream.push` on real text (Chinese and English), with a sink that does
+    nothing: the model thread's share of streaming a row (the hand-over is one `call_soon_threadsafe`)."""
+    text = ("大模型技术实战课程目前一共上线了200节，每周更新3次，每次2小时。"
+            "Thought: I need the course table.\nAction: course_query\n") * 40
+    ids = tokenizer.encode(text, add_special_tokens=False)[:tokens]
+    stream = TextStream(tokenizer, lambda piece: None)
+    started = time.perf_counter()
+    for token_id in ids:
+        stream.push(token_id)
+    return (time.perf_counter() - started) / len(ids) * 1e6
+
+
 async def measure(name: str, settings: Settings, llm: LLM, repeat: int) -> list[str]:
     """Warm up, then `repeat` listened and unlistened turns, interleaved; one Markdown row per kind."""
     services = await start_services(settings, llm=llm)
@@ -102,7 +119,11 @@ async def bench(args: argparse.Namespace) -> list[str]:
     with tempfile.TemporaryDirectory() as folder:
         if not args.skip_local:
             settings = settings_for(args, folder, "local")
-            rows += await measure("local (transformers, this CPU)", settings, build_llm(settings), args.repeat)
+            local = build_llm(settings)
+            rows += await measure("local (transformers, this CPU)", settings, local, args.repeat)
+            costs = [hook_microseconds(local._counter) for _ in range(5)]  # type: ignore[attr-defined]
+            print(f"streaming hook: TextStream.push {statistics.median(costs):.0f} µs per token (median of 5 x "
+                  "512 tokens)", file=sys.stderr, flush=True)
         if args.server:
             settings = settings_for(args, folder, "openai")
             rows += await measure(f"server ({args.server})", settings, build_llm(settings), args.repeat)

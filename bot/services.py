@@ -71,7 +71,8 @@ def build_llm(settings: Settings) -> LLM:
         from agent.llm.local import LocalLLM
 
         return LocalLLM(settings.model, device_map=settings.model_device_map, dtype=settings.model_dtype,
-                        batch_size=settings.batch_size, batch_wait_ms=settings.batch_wait_ms)
+                        batch_size=settings.batch_size, batch_wait_ms=settings.batch_wait_ms,
+                        converted_dir=settings.model_converted_dir, prefix_cache_mb=settings.prefix_cache_mb)
     if settings.llm_backend == "openai":
         from agent.llm.openai import OpenAILLM
 
