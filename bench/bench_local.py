@@ -5,6 +5,8 @@ repeat, concurrency by concurrency, contender by contender) so that background n
 
     local              our local backend (`LocalLLM`), prefix cache on (PREFIX_CACHE_MB, --prefix-cache-mb)
     local, no cache    the same with PREFIX_CACHE_MB=0 (a batch still computes the prefix its rows share once)
+    local, streamed    `local` with a listener on every turn, as Telegram and the terminal have: every row streams
+                       its text as it is generated (--modes local local-streamed: what the streaming hook costs)
     raw generate       the ceiling: the same prompts through `generate_rows` directly, no agent around it
     --openai URL       our openai backend (`OpenAILLM`) against a server: llama.cpp's, vLLM, anything
 
@@ -42,7 +44,8 @@ from bench.measures import median  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODES = {"local": "local", "local-nocache": "local, no cache", "raw": "raw generate"}
+MODES = {"local": "local", "local-nocache": "local, no cache", "local-streamed": "local, streamed",
+         "raw": "raw generate"}
 # Tokens that end a llama.cpp generation besides the GGUF's eos/eot ids (llama-vocab.cpp treats these as "end of
 # generation" by their text).
 END_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|return|>", "</s>")
@@ -112,7 +115,8 @@ def specs(args: argparse.Namespace) -> list[Spec]:
                 device_map=args.device_map, batch_size=args.batch_size, batch_wait_ms=args.batch_wait_ms,
                 prefix_cache_mb=args.prefix_cache_mb, converted_dir=str(args.converted_dir))
     chosen = [replace(base, kind="raw" if mode == "raw" else "local", label=MODES[mode],
-                      prefix_cache_mb=0 if mode == "local-nocache" else args.prefix_cache_mb)
+                      prefix_cache_mb=0 if mode == "local-nocache" else args.prefix_cache_mb,
+                      listen=mode == "local-streamed")
               for mode in args.modes]
     if args.openai:
         banned = tuple(args.ban_token_ids) if args.ban_token_ids is not None else end_token_ids(args.model)

@@ -24,6 +24,7 @@ from typing import Any
 
 from agent.llm.base import LLM, Completion
 from agent.llm.openai import OpenAILLM
+from agent.llm.openai_stream import StreamLimits
 from agent.tokens import qwen_token_counter
 from bench.measures import GpuPeak, LagMeter, PeakMemory, percentile
 from bench.react_turns import InstantLLM, Question, ScriptedReact, first_prompt, probe_first_token, question, \
@@ -55,6 +56,7 @@ class Spec:
     openai_model: str = "smol"
     ban_token_ids: tuple[int, ...] = ()
     server_pid: int = 0
+    listen: bool = False  # the turns have a listener (as in Telegram and the terminal): every call streams
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,9 @@ class BenchOpenAI(OpenAILLM):
         completions = self._client.chat.completions
         completions.create = functools.partial(completions.create, extra_body=extra_body)  # type: ignore[method-assign]
 
-    def _completion(self, response: Any, sent: list[Any], stop: Any) -> Completion:
-        completion = super()._completion(response, sent, stop)
-        cached = getattr(getattr(response.usage, "prompt_tokens_details", None), "cached_tokens", None)
+    def _completion(self, reply: Any, sent: list[Any], stop: Any) -> Completion:
+        completion = super()._completion(reply, sent, stop)
+        cached = getattr(getattr(reply.usage, "prompt_tokens_details", None), "cached_tokens", None)
         if cached is None:
             return completion
         self.reports_cached = True
@@ -121,7 +123,8 @@ def settings_for(spec: Spec, folder: Path) -> Settings:
 def backend_for(spec: Spec, settings: Settings) -> LLM:
     """The backend under test, built as `bot.services.build_llm` builds it, with the bench's fixed lengths."""
     if spec.kind == "openai":
-        return BenchOpenAI(base_url=spec.openai_url, model=spec.openai_model, timeout_seconds=3600, max_retries=0,
+        patient = StreamLimits(connect_seconds=60, first_token_seconds=3600, silence_seconds=3600)
+        return BenchOpenAI(base_url=spec.openai_url, model=spec.openai_model, limits=patient, max_retries=0,
                            count_tokens=qwen_token_counter(settings.tokenizer_vocab_path),
                            extra_body=ban_body(spec.ban_token_ids))
     from agent.llm.local import LocalLLM
@@ -148,7 +151,7 @@ class AgentContender:
             self.gpu.reset()
         before = len(self.llm.calls)
         async with LagMeter() as lag:
-            turns = await run_chats(self.services.agent, self.llm, plan.questions())
+            turns = await run_chats(self.services.agent, self.llm, plan.questions(), listen=self.spec.listen)
         calls = self.llm.calls[before:]
         row = {"tokens": sum(c.completion_tokens for c in calls), "seconds": turns.seconds,
                "turn_p50_s": percentile(turns.latencies, 0.5), "turn_p95_s": percentile(turns.latencies, 0.95),

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from agent.conversations import start_conversation
-from agent.llm.base import LLM, CancelToken, Completion, Message
+from agent.events import TurnEvent
+from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink
 from agent.loop import Agent, Session
 from tools.registry import Tool
 
@@ -114,11 +115,14 @@ class ScriptedReact(LLM):
         return self.inner.count_tokens(text)
 
     async def complete(self, messages: Sequence[Message], *, stop: Sequence[str] = (), max_new_tokens: int = 512,
-                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None) -> Completion:
-        """Generate `new_tokens` real tokens for `messages` (no stop strings), then answer with the script."""
+                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None,
+                       on_text: TextSink | None = None) -> Completion:
+        """Generate `new_tokens` real tokens for `messages` (no stop strings; streamed to `on_text` when a turn
+        listens), then answer with the script."""
         asked = self._question_of(messages)
         started = time.perf_counter()
-        real = await self.inner.complete(messages, max_new_tokens=self.new_tokens, tools=tools, cancel=cancel)
+        real = await self.inner.complete(messages, max_new_tokens=self.new_tokens, tools=tools, cancel=cancel,
+                                         on_text=on_text)
         self.calls.append(CallRecord(asked.n, real.prompt_tokens, real.cached_tokens, real.completion_tokens,
                                      time.perf_counter() - started))
         self.prompts.append(list(messages))
@@ -149,7 +153,8 @@ class InstantLLM(LLM):
         return self._count(text)
 
     async def complete(self, messages: Sequence[Message], *, stop: Sequence[str] = (), max_new_tokens: int = 512,
-                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None) -> Completion:
+                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None,
+                       on_text: TextSink | None = None) -> Completion:
         """Nothing, now."""
         return Completion("", 0, max_new_tokens)
 
@@ -162,10 +167,21 @@ class TurnsResult:
     latencies: list[float] = field(default_factory=list)
 
 
-async def one_turn(agent: Agent, session: Session, asked: Question) -> float:
-    """Run one turn and check it took the scripted path (tool, then answer); return its latency in seconds."""
+class Listener:
+    """What Telegram and the terminal do with a turn's events, minus the output: note them."""
+
+    def __init__(self) -> None:
+        self.events = 0
+
+    def __call__(self, event: TurnEvent) -> None:
+        self.events += 1
+
+
+async def one_turn(agent: Agent, session: Session, asked: Question, listen: bool = False) -> float:
+    """Run one turn (with a listener, so that it streams, when `listen`) and check it took the scripted path
+    (tool, then answer); return its latency in seconds."""
     started = time.perf_counter()
-    result = await agent.run(session, asked.text)
+    result = await agent.run(session, asked.text, on_event=Listener() if listen else None)
     seconds = time.perf_counter() - started
     kinds = [str(step.kind) for step in result.steps]
     expected = asked.course or "大模型技术实战"  # course_list lists them all
@@ -175,18 +191,20 @@ async def one_turn(agent: Agent, session: Session, asked: Question) -> float:
     return seconds
 
 
-async def chat(agent: Agent, session: Session, questions: Sequence[Question], latencies: list[float]) -> None:
+async def chat(agent: Agent, session: Session, questions: Sequence[Question], latencies: list[float],
+               listen: bool = False) -> None:
     """One chat: its questions one after another, as a user asks them."""
     for asked in questions:
-        latencies.append(await one_turn(agent, session, asked))
+        latencies.append(await one_turn(agent, session, asked, listen))
 
 
-async def run_chats(agent: Agent, llm: ScriptedReact, plan: dict[str, list[Question]]) -> TurnsResult:
+async def run_chats(agent: Agent, llm: ScriptedReact, plan: dict[str, list[Question]],
+                    listen: bool = False) -> TurnsResult:
     """Every chat of `plan` (session id → its questions) at once; each chat's turns in order."""
     llm.expect([q for questions in plan.values() for q in questions])
     latencies: list[float] = []
     started = time.perf_counter()
-    await asyncio.gather(*(chat(agent, Session(id=key, chat_key="bench"), questions, latencies)
+    await asyncio.gather(*(chat(agent, Session(id=key, chat_key="bench"), questions, latencies, listen)
                            for key, questions in plan.items()))
     return TurnsResult(time.perf_counter() - started, latencies)
 

@@ -21,6 +21,11 @@ from db.errors import BotError
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Settings that no longer exist, and what replaced them: a .env that still sets one is told, not silently ignored.
+RETIRED = {
+    "OPENAI_TIMEOUT_SECONDS": "the openai backend now has OPENAI_CONNECT_TIMEOUT_SECONDS, OPENAI_FIRST_TOKEN_SECONDS "
+                              "and OPENAI_SILENCE_SECONDS instead of one deadline per call",
+}
 
 
 class ConfigError(BotError, ValueError):
@@ -53,11 +58,15 @@ class Settings:
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: str = "EMPTY"
     openai_model: str = ""
-    openai_timeout_seconds: float = 60.0
+    openai_connect_timeout_seconds: float = 10.0
+    openai_first_token_seconds: float = 120.0
+    openai_silence_seconds: float = 30.0
+    openai_startup_seconds: float = 60.0
     openai_max_retries: int = 3
     agent_mode: str = AgentLimits.mode
     scripted_replies_path: str = ""
     scripted_delay_seconds: float = 0.0
+    scripted_token_seconds: float = 0.0
     tokenizer_vocab_path: Path = Path("qwen.tiktoken")
     admin_user_ids: frozenset[int] = field(default_factory=frozenset)
     allowed_user_ids: frozenset[int] = field(default_factory=frozenset)
@@ -75,6 +84,8 @@ class Settings:
     max_question_chars: int = 4096
     progress_after_seconds: float = 2.0
     typing_interval_seconds: float = 4.0
+    stream_interval_seconds: float = 1.0
+    group_stream_interval_seconds: float = 3.0
     shutdown_grace_seconds: float = 10.0
     log_level: str = "INFO"
     doctor_min_free_disk_mb: int = 2000
@@ -99,6 +110,7 @@ class Settings:
             if dotenv:
                 load_dotenv(dotenv_file())
             environ = os.environ
+        _refuse_retired(environ)
         values: dict[str, Any] = {}
         for spec in fields(cls):
             raw = environ.get(spec.name.upper())
@@ -120,12 +132,13 @@ class Settings:
         for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
                      "observation_max_chars", "webhook_port", "max_pending_questions", "max_question_chars"):
             _positive(name.upper(), getattr(self, name))
-        for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
-                     "typing_interval_seconds", "doctor_timeout_seconds"):
+        for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_connect_timeout_seconds",
+                     "openai_first_token_seconds", "openai_silence_seconds", "openai_startup_seconds",
+                     "typing_interval_seconds", "stream_interval_seconds", "group_stream_interval_seconds",
+                     "doctor_timeout_seconds"):
             _positive(name.upper(), getattr(self, name))
-        if not self.scripted_delay_seconds >= 0:
-            raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")
-        for name in ("refusal_interval_seconds", "instance_lock_wait_seconds"):
+        for name in ("scripted_delay_seconds", "scripted_token_seconds", "refusal_interval_seconds",
+                     "instance_lock_wait_seconds"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name.upper()} must be 0 or more, got {getattr(self, name)}")
         if self.prefix_cache_mb < 0:
@@ -141,6 +154,12 @@ class Settings:
         """`qwenbot run` cannot start without a token; say so in one line."""
         if not self.telegram_bot_token:
             raise ConfigError("TELEGRAM_BOT_TOKEN is not set: create a bot with @BotFather and put its token in .env")
+
+
+def _refuse_retired(environ: Mapping[str, str]) -> None:
+    for name, replacement in RETIRED.items():
+        if str(environ.get(name) or "").strip():
+            raise ConfigError(f"{name} is no longer read: {replacement} (see .env.example)")
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:

@@ -61,6 +61,10 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "⏹ 已停止。你可以重新提问。",
         "en": "⏹ Stopped. You can ask again.",
     },
+    "answer_stopped": {
+        "zh": "⏹ 回答在这里停止了。",
+        "en": "⏹ The answer stopped here.",
+    },
     "nothing_to_cancel": {
         "zh": "现在没有正在进行的回答。",
         "en": "Nothing is running right now.",

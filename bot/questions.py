@@ -14,6 +14,7 @@ from telegram import Message, MessageEntity, Update, User
 from telegram.error import NetworkError, RetryAfter
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.events import AnswerText, EventSink, ToolStarted
 from agent.memory import Session
 from bot.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
 from bot.config import Settings
@@ -21,6 +22,7 @@ from bot.context import BotContext
 from bot.i18n import text
 from bot.intake import journal_source, turn_source_key
 from bot.replies import TurnFeedback, quietly
+from bot.streaming import AnswerStream, StreamTarget
 from bot.turns import BY_SHUTDOWN, BY_USER, TurnSlot
 from db import DatabaseBusy
 
@@ -95,25 +97,52 @@ def question_problem(question: str, settings: Settings, lang: str) -> str | None
 
 async def run_turn(context: BotContext, message: Message, session: Session, question: str, slot: TurnSlot,
                    lang: str) -> None:
-    """Run the agent with typing and progress feedback; send the answer (or a short apology)."""
-    settings = context.settings
+    """Run the agent with typing, progress and the answer streamed as it is written; deliver the answer (or a
+    short apology) over the stream; a stopped turn leaves what was streamed, marked as stopped."""
     feedback = TurnFeedback(context.bot, message.chat_id, placeholder=text("thinking", lang),
                             reply_to=message.message_id, thread_id=topic_of(message),
-                            typing_every=settings.typing_interval_seconds,
-                            progress_after=settings.progress_after_seconds)
+                            typing_every=context.settings.typing_interval_seconds,
+                            progress_after=context.settings.progress_after_seconds)
+    stream = answer_stream(context, message)
     try:
-        async with feedback:
-            answer = await agent_answer(context, session, question, slot, lang, feedback)
-        if answer is not None:
-            await deliver(context, message, answer, slot)
+        try:
+            async with feedback, stream:
+                answer = await agent_answer(context, session, question, slot, lang, turn_events(feedback, stream))
+        except BaseException:  # a bug (the error handler apologises) or the task cancelled: what streamed is cut
+            await stream.stop(text("answer_stopped", lang))
+            raise
+        if answer is None:
+            await stream.stop(text("answer_stopped", lang))
+        else:
+            await deliver(context, stream, answer, slot)
     finally:
         await feedback.remove()  # the answer (or the apology of the error handler) replaces it
 
 
-async def deliver(context: BotContext, message: Message, answer: str, slot: TurnSlot) -> None:
+def answer_stream(context: BotContext, message: Message) -> AnswerStream:
+    """Where the answer streams: a draft in a private chat, else one message edited, at the chat's pace."""
+    group = is_group(message)
+    target = StreamTarget(message.chat_id, reply_to=message.message_id, thread_id=topic_of(message),
+                          draft_id=None if group else message.message_id)
+    interval = context.settings.group_stream_interval_seconds if group else context.settings.stream_interval_seconds
+    return AnswerStream(context.bot, target, interval=interval, drafts=context.drafts)
+
+
+def turn_events(feedback: TurnFeedback, stream: AnswerStream) -> EventSink:
+    """What the user sees of a running turn: the tool at work on the progress line, the answer as it grows."""
+    def on_event(event: object) -> None:
+        if isinstance(event, ToolStarted):
+            shown = event.shown_input
+            feedback.show(f"{event.label}: {shown[:60]}…" if shown else f"{event.label}…")
+        elif isinstance(event, AnswerText):
+            stream.show(event.text)
+    return on_event
+
+
+async def deliver(context: BotContext, stream: AnswerStream, answer: str, slot: TurnSlot) -> None:
     """Send the answer; if Telegram stays unreachable past the send's patience, leave the update for a restart."""
     try:
-        await reply(message, answer)
+        await stream.finish(answer)
     except (NetworkError, RetryAfter):
         # The turn is stored already: left unhandled in the journal, its update is answered from the store after
         # the next start (bot/intake.py) instead of being lost. The error handler still logs the failure.
@@ -123,7 +152,7 @@ async def deliver(context: BotContext, message: Message, answer: str, slot: Turn
 
 
 async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
-                       feedback: TurnFeedback) -> str | None:
+                       on_event: EventSink) -> str | None:
     """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
     source = journal_source(context.bot.id, context.settings)
     source_key = turn_source_key(source, slot.update_id) if slot.update_id is not None else None
@@ -131,7 +160,7 @@ async def agent_answer(context: BotContext, session: Session, question: str, slo
         return stored  # a redelivered update (restart): answer it again, do not store it twice
     try:
         result = await context.services.agent.run(session, question, user_id=slot.user_id, source_key=source_key,
-                                                  on_progress=feedback.show, cancel=slot.cancel)
+                                                  on_event=on_event, cancel=slot.cancel)
     except LLMTimeout:
         return text("timeout", lang)
     except LLMCancelled:

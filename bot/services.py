@@ -82,13 +82,18 @@ def build_llm(settings: Settings) -> LLM:
     if settings.llm_backend == "openai":
         from agent.llm.openai import OpenAILLM
 
+        from agent.llm.openai_stream import StreamLimits
+
+        limits = StreamLimits(settings.openai_connect_timeout_seconds, settings.openai_first_token_seconds,
+                              settings.openai_silence_seconds)
         return OpenAILLM(base_url=settings.openai_base_url, model=settings.openai_model or settings.model,
-                         api_key=settings.openai_api_key, timeout_seconds=settings.openai_timeout_seconds,
-                         max_retries=settings.openai_max_retries,
+                         api_key=settings.openai_api_key, limits=limits,
+                         startup_seconds=settings.openai_startup_seconds, max_retries=settings.openai_max_retries,
                          count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
     from agent.llm.scripted import ScriptedLLM
 
     return ScriptedLLM.from_file(settings.scripted_replies_path, delay=settings.scripted_delay_seconds,
+                                 token_seconds=settings.scripted_token_seconds,
                                  count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
 
 

@@ -189,6 +189,30 @@ async def test_requests_arriving_a_few_ms_apart_share_one_batch(llm: LocalLLM, c
 
 
 @real_model_test
+async def test_each_row_of_a_batch_streams_its_own_text_as_it_is_generated(llm: LocalLLM) -> None:
+    calls = [dict(messages=FRANCE, max_new_tokens=16, stop=["Paris"]), dict(messages=HAIKU, max_new_tokens=20),
+             dict(messages=FRUITS, max_new_tokens=12)]
+    alone = [await llm.complete(**call) for call in calls]
+    pieces: list[list[str]] = [[] for _ in calls]
+    before_answer: list[int] = []
+
+    async def streamed(index: int, call: dict) -> Completion:
+        completion = await llm.complete(**call, on_text=pieces[index].append)
+        before_answer.append(len(pieces[index]))  # pieces that arrived before the call returned
+        return completion
+
+    together = await asyncio.gather(*(streamed(i, call) for i, call in enumerate(calls)))
+
+    assert together == alone  # streaming changes nothing about the results
+    for completion, row_pieces in zip(together, pieces):
+        assert len(row_pieces) > 3  # piece by piece, not at the end in one go
+        # What streamed is the row's own text; it may run past the stop string ("Paris" here), never fall short.
+        assert "".join(row_pieces).startswith(completion.text)
+    assert "Paris" in "".join(pieces[0]) and alone[0].text == "The capital of France is "
+    assert all(count == len(row) for count, row in zip(before_answer, pieces))  # every piece before the answer
+
+
+@real_model_test
 async def test_cancelling_one_row_leaves_the_others_untouched(llm: LocalLLM) -> None:
     others = [dict(messages=HAIKU, max_new_tokens=16), dict(messages=FRUITS, max_new_tokens=16)]
     alone = [await llm.complete(**call) for call in others]

@@ -81,6 +81,10 @@ def test_empty_or_blank_values_mean_the_default():
     ("TURN_TIMEOUT_SECONDS", "-5", "greater than 0"),
     ("TYPING_INTERVAL_SECONDS", "0", "greater than 0"),
     ("OPENAI_MAX_RETRIES", "-1", "0 or more"),
+    ("OPENAI_SILENCE_SECONDS", "0", "greater than 0"),
+    ("OPENAI_FIRST_TOKEN_SECONDS", "-1", "greater than 0"),
+    ("STREAM_INTERVAL_SECONDS", "0", "greater than 0"),
+    ("SCRIPTED_TOKEN_SECONDS", "-0.1", "0 or more"),
     ("WEBHOOK_PORT", "70000", "65535"),
     ("LOG_LEVEL", "loud", "DEBUG, INFO"),
     ("ADMIN_USER_IDS", "1,x", "list of numeric ids"),
@@ -94,6 +98,14 @@ def test_bad_values_are_refused_with_one_line_naming_the_variable(variable, raw,
     assert message.startswith(f"{variable} must be"), message
     assert says in message
     assert "\n" not in message
+
+
+def test_a_retired_setting_still_set_is_refused_with_what_replaced_it():
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"OPENAI_TIMEOUT_SECONDS": "60"})
+    message = str(caught.value)
+    assert message.startswith("OPENAI_TIMEOUT_SECONDS is no longer read: ")
+    assert "OPENAI_FIRST_TOKEN_SECONDS" in message and "OPENAI_SILENCE_SECONDS" in message
 
 
 def test_the_bad_value_is_quoted_in_the_message():

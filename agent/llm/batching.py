@@ -28,6 +28,7 @@ from transformers import DynamicCache, GenerationConfig, StoppingCriteria, Stopp
 
 from agent.llm.base import Message
 from agent.llm.prefix_cache import CachedPrefix, Hit, PrefixCache
+from agent.llm.text_stream import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ class BatchRow:
 
     A row may be paused between two batches (a newcomer joins at the next step: see `generate_rows`); it then
     resumes in a later batch from its stored KV, with `new_ids` holding what it generated so far.
+
+    Per-row state that changes as tokens come lives here, updated by `RowStops` after every step: the text
+    streamed to the row's caller goes through `take`.
     """
 
     prompt_ids: list[int]
@@ -48,6 +52,7 @@ class BatchRow:
     max_new_tokens: int = 512
     is_cancelled: Callable[[], bool] = lambda: False
     owner: Any = None  # whoever asked (the worker keeps the caller's job here)
+    stream: TextStream | None = None  # where the row's new text goes as it is generated, if its caller listens
     reason: str = ""  # "stop", "length" or "cancelled"; empty while it is still generating (or paused)
     new_ids: list[int] = field(default_factory=list)
     reused_tokens: int = 0  # prompt tokens taken from the prefix cache rather than computed
@@ -64,6 +69,11 @@ class BatchRow:
     def finished(self) -> bool:
         """Whether the row has ended (stop string, end of turn, token limit or cancellation)."""
         return self.reason != ""
+
+    def take(self, token_id: int) -> None:
+        """The row generated `token_id`: its text goes to its caller."""
+        if self.stream is not None:
+            self.stream.push(token_id)
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -82,11 +92,13 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
 
 
 class RowStops(StoppingCriteria):
-    """Per-row end conditions for one batch: each row's own stop strings, token limit and cancel token; and the
-    pause of the whole batch when a newcomer waits (`should_pause`).
+    """The per-row loop after every step: each live row takes its new token (`BatchRow.take`: the text streamed to
+    its caller), then checks its own end conditions (stop strings, token limit, cancel token); and the pause of the
+    whole batch when a newcomer waits (`should_pause`).
 
-    Returning a per-row bool tensor lets `generate` mark just that row finished (its `unfinished_sequences`),
-    so one chat's stop string or /cancel never cuts another chat's answer short.
+    `generate` calls stopping criteria once per step with the token just appended to every row, which makes this
+    the place for per-row work. Returning a per-row bool tensor lets `generate` mark just that row finished (its
+    `unfinished_sequences`), so one chat's stop string or /cancel never cuts another chat's answer short.
     """
 
     def __init__(self, rows: list[BatchRow], prompt_width: int, tokenizer: Any, eos_ids: set[int],
@@ -104,10 +116,11 @@ class RowStops(StoppingCriteria):
         generated = input_ids.shape[1] - self.prompt_width
         for index, row in enumerate(self.rows):
             if not row.finished:
-                self._check(row, input_ids[index, self.prompt_width:], generated)
+                new_ids = input_ids[index, self.prompt_width:]
+                row.take(int(new_ids[-1]))
+                self._check(row, new_ids, generated)
                 if row.finished:
-                    row.new_ids = row.new_ids[: row._before] + input_ids[index, self.prompt_width:][
-                        : row._ended_after].tolist()
+                    row.new_ids = row.new_ids[: row._before] + new_ids[: row._ended_after].tolist()
                     self.on_finished(row)
         if not all(row.finished for row in self.rows) and self.should_pause():
             self.paused = True

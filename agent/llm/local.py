@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from agent.errors import LLMError, ModelLoadError
-from agent.llm.base import LLM, MODEL_DTYPES, CancelToken, Completion, Message
+from agent.llm.base import LLM, MODEL_DTYPES, CancelToken, Completion, Message, TextSink
 from agent.llm.hub import hub_load_options
 from agent.llm.worker import Job, LoadedModel, ModelWorker
 
@@ -250,13 +250,15 @@ class LocalLLM(LLM):
         max_new_tokens: int = 512,
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
+        on_text: TextSink | None = None,
     ) -> Completion:
-        """Queue the request for the next batch and await its row; cancelling the awaiting task cancels the row."""
+        """Queue the request for the next batch and await its row (its text streamed to `on_text` as the model
+        thread generates it); cancelling the awaiting task cancels the row."""
         if self._worker is None:
             raise LLMError("the local model is not started")
         loop = asyncio.get_running_loop()
         job = Job(list(messages), tuple(stop), max_new_tokens, list(tools) if tools else None,
-                  loop, loop.create_future(), caller_cancel=cancel)
+                  loop, loop.create_future(), caller_cancel=cancel, on_text=on_text)
         self._worker.submit(job)
         try:
             return await job.future

@@ -5,6 +5,7 @@
     submit(Job) ──── queue.Queue ──────────▶ take every pending job (up to batch_size)
                                              one `generate` for all of them (batching.py), each row
                                              ending on its own stop strings / token limit / cancel token
+    job.on_text ◀─────── call_soon_threadsafe ─ each row's new text as it is generated (if its caller listens)
     await job.future ◀── call_soon_threadsafe ─ settle each job with its Completion or its error
 
 Nothing but this thread touches torch, the model or this tokenizer: HF fast tokenizers raise "Already borrowed"
@@ -28,9 +29,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory
-from agent.llm.base import CancelToken, Completion, Message, trim_at_stop
+from agent.llm.base import CancelToken, Completion, Message, TextSink, trim_at_stop
 from agent.llm.batching import BatchRow, generate_rows, render_prompt
 from agent.llm.prefix_cache import PrefixCache
+from agent.llm.text_stream import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     caller_cancel: CancelToken | None = None
+    on_text: TextSink | None = None  # called on the event loop with each piece of new text
     own_cancel: CancelToken = field(default_factory=CancelToken)
     submitted_at: float = field(default_factory=time.monotonic)
 
@@ -64,12 +67,28 @@ class Job:
         """Whether the caller's token or our own (the awaiting task was cancelled, or the worker is closing) is set."""
         return self.own_cancel.cancelled or (self.caller_cancel is not None and self.caller_cancel.cancelled)
 
+    def hand_on(self, text: str) -> None:
+        """Pass new text to the caller's `on_text`, on the event loop's own thread (called on the model thread)."""
+        try:
+            self.loop.call_soon_threadsafe(_take_text, self, text)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
     def settle(self, result: Completion | None = None, error: BaseException | None = None) -> None:
         """Resolve the future from the model thread, on the event loop's own thread."""
         try:
             self.loop.call_soon_threadsafe(_resolve, self.future, result, error)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
+
+
+def _take_text(job: Job, text: str) -> None:
+    if job.future.done() or job.on_text is None:  # answered or given up on: late text goes nowhere
+        return
+    try:
+        job.on_text(text)
+    except Exception:  # the caller's sink failing must not stop the event loop's other work
+        log.warning("the text sink of a model call failed", exc_info=True)
 
 
 def _resolve(future: asyncio.Future, result: Completion | None, error: BaseException | None) -> None:
@@ -245,7 +264,8 @@ def _prepare(tokenizer: Any, job: Job) -> BatchRow | None:
     except Exception as error:
         job.settle(error=LLMError(f"cannot apply the chat template: {error}"))
         return None
-    return BatchRow(prompt_ids, job.stop, job.max_new_tokens, lambda: job.cancelled, owner=job)
+    stream = TextStream(tokenizer, job.hand_on) if job.on_text is not None else None
+    return BatchRow(prompt_ids, job.stop, job.max_new_tokens, lambda: job.cancelled, owner=job, stream=stream)
 
 
 def _settle_row(tokenizer: Any, row: BatchRow) -> None:
