@@ -6,7 +6,10 @@ The Telegram application keeps the services in `bot_data`; the terminal commands
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 from agent.llm import LLM
 from agent.loop import Agent, AgentLimits
@@ -18,6 +21,8 @@ from tools import build_registry
 from tools.courses import CourseCatalog
 from tools.registry import ToolRegistry
 from tools.settings import ToolSettings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,9 +48,17 @@ class Services:
 
 async def open_settings_database(settings: Settings) -> Database:
     """The database at DATABASE_PATH; a path that cannot be used is reported naming the variable."""
-    try:
+    with naming_database_path():
         return await open_database(settings.database_path,
                                    busy_timeout_seconds=settings.database_busy_timeout_seconds)
+
+
+@contextmanager
+def naming_database_path() -> Iterator[None]:
+    """A database path that cannot be used (not creatable, a folder, not SQLite) is reported naming DATABASE_PATH:
+    db/ knows paths, not the settings they come from."""
+    try:
+        yield
     except DatabaseOpenError as error:
         raise DatabaseOpenError(f"{error}; check DATABASE_PATH") from error
 
@@ -53,8 +66,10 @@ async def open_settings_database(settings: Settings) -> Database:
 async def start_services(settings: Settings, llm: LLM | None = None) -> Services:
     """Open the database, start the model (`llm`, or the configured backend), build the agent."""
     db = await open_settings_database(settings)
+    log.info("database %s", db.path)
     try:
         llm = llm or build_llm(settings)
+        log.info("model %s", describe_model(settings, llm))
         await llm.start()
     except BaseException:
         await db.close()
@@ -80,15 +95,32 @@ def build_llm(settings: Settings) -> LLM:
         from agent.llm.local import LocalLLM
 
         return LocalLLM(settings.model, device_map=settings.model_device_map, dtype=settings.model_dtype,
-                        batch_size=settings.batch_size, batch_wait_ms=settings.batch_wait_ms)
+                        batch_size=settings.batch_size, batch_wait_ms=settings.batch_wait_ms,
+                        converted_dir=settings.model_converted_dir, prefix_cache_mb=settings.prefix_cache_mb,
+                        base_dir=settings.data_dir, cache_dir=settings.model_cache_dir)
     if settings.llm_backend == "openai":
         from agent.llm.openai import OpenAILLM
 
+        from agent.llm.openai_stream import StreamLimits
+
+        limits = StreamLimits(settings.openai_connect_timeout_seconds, settings.openai_first_token_seconds,
+                              settings.openai_silence_seconds)
         return OpenAILLM(base_url=settings.openai_base_url, model=settings.openai_model or settings.model,
-                         api_key=settings.openai_api_key, timeout_seconds=settings.openai_timeout_seconds,
-                         max_retries=settings.openai_max_retries,
+                         api_key=settings.openai_api_key, limits=limits,
+                         startup_seconds=settings.openai_startup_seconds, max_retries=settings.openai_max_retries,
                          count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
     from agent.llm.scripted import ScriptedLLM
 
     return ScriptedLLM.from_file(settings.scripted_replies_path, delay=settings.scripted_delay_seconds,
+                                 token_seconds=settings.scripted_token_seconds,
                                  count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
+
+
+def describe_model(settings: Settings, llm: LLM) -> str:
+    """Which model runs, and where it comes from, for the start-up log (a server's URL without credentials)."""
+    url = getattr(llm, "url", None)
+    if url is not None:
+        return f"{getattr(llm, 'model', settings.model)} on the server at {url}"
+    if llm.name == "local":
+        return f"{settings.model} (local; relative paths in {settings.data_dir}, hub cache {settings.model_cache_dir})"
+    return f"{llm.name} backend"

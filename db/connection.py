@@ -19,6 +19,7 @@ import aiosqlite
 
 from db.errors import DatabaseBusy, DatabaseOpenError, is_busy
 from db.file_watch import FileWatch
+from db.files import create_private
 from db.migrate import MIGRATIONS_FOLDER, apply_migrations
 from db.write_lock import WriteLock
 
@@ -78,7 +79,7 @@ async def open_database(path: str | Path, *, busy_timeout_seconds: float = 10.0,
     """Open (creating folders as needed) and migrate the database at `path`."""
     path = Path(path)
     if str(path) != ":memory:":
-        await asyncio.to_thread(_create_private, path)
+        await asyncio.to_thread(create_private, path)
     # Probe with plain sqlite3 first: when aiosqlite.connect itself fails, its worker thread can outlive the
     # event loop and print a traceback of its own.
     try:
@@ -105,20 +106,6 @@ async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
         await conn.execute("PRAGMA foreign_keys = ON")
     except sqlite3.Error as error:
         raise DatabaseOpenError(f"cannot open the database {path}: {error}") from error
-
-
-def _create_private(path: Path) -> None:
-    """Create the missing folders (0700) and the file (0600) before SQLite does, so that neither is readable by
-    other users whatever the umask: the file holds every chat's history. SQLite gives its -wal and -shm files the
-    database file's mode. Folders and files that exist already are left as they are."""
-    try:
-        for folder in reversed([p for p in path.parents if not p.exists()]):
-            folder.mkdir(mode=0o700, exist_ok=True)
-        if not path.exists():
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-    except OSError as error:
-        raise DatabaseOpenError(f"cannot open the database {path}: cannot create "
-                                f"{error.filename or path}: {error.strerror or error}") from error
 
 
 def _probe(path: Path) -> None:

@@ -74,6 +74,16 @@ def test_a_database_path_that_cannot_be_created_names_the_variable(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_qwenbot_run_names_the_variable_too(tmp_path):
+    # `run` takes the instance lock beside the database first: the lock file's folder is what fails here.
+    result = qwenbot("run", DATABASE_PATH="/proc/x/y.db", TELEGRAM_BOT_TOKEN="123:abc",
+                     TELEGRAM_BASE_URL="http://127.0.0.1:9/bot")
+    assert result.returncode == 2
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("qwenbot: cannot open the database /proc/x/y.db: ") and "DATABASE_PATH" in line, line
+    assert "Traceback" not in result.stderr
+
+
 def test_a_token_in_a_database_path_is_not_shown_either(tmp_path):
     result = qwenbot("migrate", DATABASE_PATH=f"/proc/{TOKEN}/y.db")
     assert result.returncode == 2

