@@ -69,6 +69,7 @@ class TurnState:
 
     def show_answer(self, text: str) -> None:
         """Stream the answer so far, when it changed."""
+        text = clean_text(text)  # whole so far: a surrogate pair split between two pieces is joined again here
         if text != self.answer_shown:
             self.answer_shown = text
             self.emit(AnswerText(text))

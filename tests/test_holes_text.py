@@ -20,7 +20,7 @@ from telegram import Bot
 
 from agent.llm.openai import OpenAILLM
 from bot.replies import send_text
-from tests.fakes.openai_server import FakeOpenAIServer, text
+from tests.fakes.openai_server import FakeOpenAIServer, Reply, text
 from tests.fakes.telegram_bot import ALICE, final, private_chat, running_bot, start_bot, telegram_server
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
@@ -82,6 +82,26 @@ async def test_a_lone_surrogate_in_the_model_servers_answer_reaches_the_user_and
             await bot.stop()
     assert answer == f"答案{SHOWN}在此"
     assert await bot.query("SELECT answer FROM turns") == [(f"答案{SHOWN}在此",)]
+    assert errors_logged(caplog) == []
+
+
+async def test_an_answer_streamed_with_a_lone_surrogate_and_a_split_pair_shows_clean_text_as_it_grows(
+        telegram_server, tmp_path, caplog):
+    # The server's pieces come one at a time (each a JSON chunk of its own): a lone surrogate mid-answer, and an
+    # emoji whose two surrogate halves arrive in two pieces. Drafts go out as the answer grows.
+    pieces = ("Thought: I now know the final answer\nFinal Answer: 答案", f"{LONE}在此 ", "\ud83d", "\ude00")
+    with FakeOpenAIServer() as model_server:
+        model_server.add(Reply(text="".join(pieces), pieces=pieces, chunk_delay=0.3))
+        bot = await running_bot(telegram_server, tmp_path, stream_interval_seconds=0.05,
+                                llm=OpenAILLM(base_url=model_server.base_url, model="fake-qwen"))
+        try:
+            answer = await bot.ask(CHAT, ALICE, "question")
+            await bot.all_handled()
+        finally:
+            await bot.stop()
+    assert answer == f"答案{SHOWN}在此 😀"
+    drafts = [call.params["text"] for call in telegram_server.calls_to("sendMessageDraft", ok=True)]
+    assert f"答案{SHOWN}在此" in drafts  # shown while it grew, cleaned
     assert errors_logged(caplog) == []
 
 

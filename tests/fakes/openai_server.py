@@ -317,7 +317,7 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _event(self, payload: dict[str, Any]) -> None:
-        self._write_chunk(b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n")
+        self._write_chunk(b"data: " + json_bytes(payload) + b"\n\n")
 
     def _write_chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):X}\r\n".encode("ascii") + data + b"\r\n")
