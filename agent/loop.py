@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Awaitable, Callable
 
 from agent.conversations import Conversation, arguments_key, start_conversation
@@ -55,6 +56,8 @@ class TurnState:
     tools: list[Tool]
     cancel: CancelToken
     on_progress: Progress | None
+    session: Session
+    user_id: int | None = None
     steps: list[Step] = field(default_factory=list)
     seen: dict[str, str] = field(default_factory=dict)
     model_calls: int = 0
@@ -90,7 +93,8 @@ class Agent:
                   cancel: CancelToken | None = None) -> TurnResult:
         """Answer `question` in `session`; store the finished turn; return the answer and its steps."""
         started, started_at = time.perf_counter(), utc_now()
-        state = TurnState(await self.tool_settings.enabled_tools(session.chat_key), cancel or CancelToken(), on_progress)
+        state = TurnState(await self.tool_settings.enabled_tools(session.chat_key), cancel or CancelToken(), on_progress,
+                          session, user_id)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
         conversation = start_conversation(self.limits.mode, history, question, state.tools)
         record = TurnRecord(question, state.result("", "", started), started_at, self.limits.mode, user_id, source_key)
@@ -179,8 +183,14 @@ class Agent:
         if tool is not None and request.tool in allowed:
             await self._announce(state, tool, request.arguments)
         result = await self.registry.call(request.tool, request.arguments if request.arguments is not None else {},
-                                          allowed=allowed)
+                                          allowed=allowed, before_run=partial(self._audit, state))
         return truncate(result.output, self.limits.observation_max_chars), result.error
+
+    async def _audit(self, state: TurnState, tool: Tool, arguments: dict[str, Any]) -> None:
+        """A tool that may change data is audited with its arguments before every call."""
+        if not tool.read_only:
+            await self.tool_settings.audit_call(tool, arguments, state.user_id, state.session.chat_id,
+                                                state.session.chat_key)
 
     @staticmethod
     async def _announce(state: TurnState, tool: Tool, arguments: Any) -> None:

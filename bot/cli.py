@@ -1,4 +1,4 @@
-"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools.
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools, mcp.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -18,15 +18,19 @@ from agent.prompts import apology
 from agent.steps import format_trace
 from bot.config import ConfigError, Settings
 from bot.logs import configure_logging
-from bot.services import Services, start_services
-from migrations import MigrationError, open_database
+from bot.mcp_reports import added_text, servers_text
+from bot.services import Services, mcp_hub, start_services
+from migrations import Database, MigrationError, open_database
 from tools import build_registry
+from tools.errors import McpConfigError, McpToolError
+from tools.mcp import McpHub
+from tools.mcp_store import parse_headers, url_server
 from tools.settings import GLOBAL, ToolSettings
 
 log = logging.getLogger("qwenbot")
 
 # Failures a user can act on: shown as one line, never as a traceback.
-USER_ERRORS = (ConfigError, LLMError, MigrationError, OSError)
+USER_ERRORS = (ConfigError, LLMError, MigrationError, OSError, McpConfigError, McpToolError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--session", default="cli:ask", help="history session id (default: cli:ask)")
     chat = commands.add_parser("chat", help="an interactive session in the terminal (/reset, /trace, /quit)")
     chat.add_argument("--session", default="cli:chat", help="history session id (default: cli:chat)")
+    add_mcp_parser(commands)
     return parser
+
+
+def add_mcp_parser(commands: argparse._SubParsersAction) -> None:
+    """`qwenbot mcp list|add|del`: the admin commands /mcp_list, /mcp_add, /mcp_del, for people at the server."""
+    mcp = commands.add_parser("mcp", help="MCP servers: list, add or delete them (as /mcp_list, /mcp_add, /mcp_del)")
+    actions = mcp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("list", help="the servers (config file and database) and their last listed tools")
+    add = actions.add_parser("add", help="connect a server over HTTP, list its tools (all off) and store it")
+    add.add_argument("name", help="its name; its tools are called NAME.tool")
+    add.add_argument("url", help="streamable HTTP endpoint (…/mcp), or an SSE one ending in /sse")
+    add.add_argument("headers", nargs="*", metavar="Header=value", help="HTTP headers sent with every request")
+    delete = actions.add_parser("del", help="forget a server, its tools and their settings")
+    delete.add_argument("name")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,18 +97,51 @@ def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def tools_command(settings: Settings, args: argparse.Namespace) -> int:
-    """Print every registered tool with its state (globally, or in one chat)."""
-    async def job() -> int:
-        db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
-        try:
-            registry = build_registry(db, settings.tool_timeout_seconds)
-            for state in await ToolSettings(db, registry).states(args.chat):
-                mark = "on " if state.enabled else "off"
-                print(f"{mark}  {state.tool.name:<14} {state.tool.human_name} ({state.source})")
-        finally:
-            await db.close()
+    """Print every tool (MCP tools from their last listing) with its source, access and state."""
+    async def job(db: Database, hub: McpHub) -> int:
+        for state in await ToolSettings(db, hub.registry).states(args.chat):
+            tool = state.tool
+            mark = "on " if state.enabled else "off"
+            print(f"{mark}  {tool.name:<24} {tool.source:<14} {tool.access:<11} {tool.human_name} ({state.source})")
         return 0
-    return run_async(job)
+    return with_mcp(settings, job)
+
+
+def mcp_command(settings: Settings, args: argparse.Namespace) -> int:
+    """List, add or delete MCP servers; a running bot sees an added server at /mcp_refresh NAME or its restart."""
+    from bot.access import audit  # here: the other terminal commands do not need python-telegram-bot
+
+    async def job(db: Database, hub: McpHub) -> int:
+        if args.action == "list":
+            print(servers_text(hub))
+        elif args.action == "add":
+            spec = url_server(args.name, args.url, parse_headers(args.headers))
+            listing = await hub.add(spec, added_by=None)
+            await audit(db, None, None, "mcp_add", f"{spec.name} {spec.where} (qwenbot mcp add)")
+            print(added_text(spec, listing))
+        else:
+            removed = await hub.remove(args.name)
+            await audit(db, None, None, "mcp_del", f"{args.name} (qwenbot mcp del)")
+            print(f"Removed {args.name}" + (f" and its tools ({', '.join(removed)})." if removed else "."))
+        return 0
+    return with_mcp(settings, job)
+
+
+def with_mcp(settings: Settings, job: Callable[[Database, McpHub], Awaitable[int]]) -> int:
+    """Run `job` on the database and an MCP hub holding every tool (MCP ones as last listed; nothing connects
+    unless the job asks to)."""
+    async def run() -> int:
+        db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+        hub = mcp_hub(settings, db, build_registry(db, settings.tool_timeout_seconds))
+        try:
+            await hub.start(connect=False)
+            return await job(db, hub)
+        except KeyError as error:
+            raise McpConfigError(f"no MCP server named {error.args[0]!r} in the database") from None
+        finally:
+            await hub.close()
+            await db.close()
+    return run_async(run)
 
 
 def ask_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -179,6 +230,7 @@ def run_command(settings: Settings, args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "migrate": migrate_command,
     "tools": tools_command,
+    "mcp": mcp_command,
     "run": run_command,
     "ask": ask_command,
     "chat": chat_command,

@@ -64,6 +64,11 @@ class Settings:
     progress_after_seconds: float = 2.0
     typing_interval_seconds: float = 4.0
     shutdown_grace_seconds: float = 10.0
+    mcp_config_path: str = ""
+    mcp_connect_timeout_seconds: float = 10.0
+    mcp_retry_seconds: float = 30.0
+    mcp_max_tools_per_server: int = 50
+    mcp_description_max_chars: int = 1000
     log_level: str = "INFO"
 
     @classmethod
@@ -92,11 +97,13 @@ class Settings:
         if self.webhook_port > 65535:
             raise ConfigError(f"WEBHOOK_PORT must be at most 65535, got {self.webhook_port}")
         for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
-                     "observation_max_chars", "webhook_port"):
+                     "observation_max_chars", "webhook_port", "mcp_max_tools_per_server", "mcp_description_max_chars"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
-                     "typing_interval_seconds"):
+                     "typing_interval_seconds", "mcp_connect_timeout_seconds"):
             _positive(name.upper(), getattr(self, name))
+        if not self.mcp_retry_seconds >= 0:
+            raise ConfigError(f"MCP_RETRY_SECONDS must be 0 or more, got {self.mcp_retry_seconds}")
         if not self.scripted_delay_seconds >= 0:
             raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")
         if self.batch_wait_ms < 0:
