@@ -35,7 +35,7 @@ class ServerSpec:
 
     name: str
     transport: str  # http (streamable HTTP), sse, or stdio
-    url: str = ""
+    url: str = field(default="", repr=False)  # may carry credentials or a token in its query
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # values are secrets
     command: str = ""
     args: tuple[str, ...] = ()
