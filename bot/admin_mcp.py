@@ -15,6 +15,7 @@ from telegram import Update
 from bot.admin import admin_only, arguments, record
 from bot.context import BotContext
 from bot.handlers import reply
+from bot.logs import add_secrets
 from bot.mcp_reports import added_text, refreshed_text, servers_text
 from bot.replies import quietly
 from tools.errors import McpConfigError, McpToolError
@@ -46,6 +47,7 @@ async def mcp_add(update: Update, context: BotContext) -> None:
         spec = parse_add(command_words(update))
     except (ValueError, McpConfigError) as error:
         return await reply(message, f"❌ {error}\nUsage: {USAGE['mcp_add']}")
+    add_secrets(spec.headers.values())
     try:
         listing = await context.services.mcp.add(spec, update.effective_user.id)
     except McpConfigError as error:
@@ -105,12 +107,14 @@ async def mcp_refresh(update: Update, context: BotContext) -> None:
         return await reply(update.effective_message, "Usage: " + USAGE["mcp_refresh"])
     hub = context.services.mcp
     try:
-        listing = await hub.refresh(args[0])
+        listing = await hub.refresh(args[0])  # may load a server `qwenbot mcp add` stored: its secrets join the filter
     except KeyError:
         return await reply(update.effective_message, f"❌ No MCP server named {args[0]!r}. See /mcp_list.")
     except McpToolError as error:
         known = len(hub.listings.get(args[0], []))
         return await reply(update.effective_message, f"❌ {error}. Its {known} known tool(s) stay listed; calls "
                                                      "to them fail until it is back.")
+    finally:
+        add_secrets(hub.secrets())
     await record(update, context, "mcp_refresh", f"{args[0]}: {len(listing.tools)} tools")
     await reply(update.effective_message, refreshed_text(listing))

@@ -17,7 +17,7 @@ from agent.memory import Session
 from agent.prompts import apology
 from agent.steps import format_trace
 from bot.config import ConfigError, Settings
-from bot.logs import configure_logging
+from bot.logs import add_secrets, configure_logging
 from bot.mcp_reports import added_text, servers_text
 from bot.services import Services, mcp_hub, start_services
 from migrations import Database, MigrationError, open_database
@@ -116,6 +116,7 @@ def mcp_command(settings: Settings, args: argparse.Namespace) -> int:
             print(servers_text(hub))
         elif args.action == "add":
             spec = url_server(args.name, args.url, parse_headers(args.headers))
+            add_secrets(spec.headers.values())
             listing = await hub.add(spec, added_by=None)
             await audit(db, None, None, "mcp_add", f"{spec.name} {spec.where} (qwenbot mcp add)")
             print(added_text(spec, listing))

@@ -9,7 +9,7 @@ from tools.mcp import Listing, McpHub
 from tools.mcp_client import McpConnection
 from tools.mcp_store import ServerSpec, ToolInfo
 
-STATE_MARKS = {"connected": "🟢", "down": "🔴", "idle": "⚪"}
+STATE_MARKS = {"connected": "🟢", "connecting": "🟡", "down": "🔴", "idle": "⚪"}
 
 
 def tool_line(server: str, info: ToolInfo) -> str:

@@ -11,6 +11,7 @@ from agent.llm import LLM, build_llm
 from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
 from bot.config import Settings
+from bot.logs import add_secrets
 from migrations import Database, open_database
 from tools import build_registry
 from tools.courses import CourseCatalog
@@ -63,6 +64,7 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
         await llm.close()
         await db.close()
         raise
+    add_secrets(mcp.secrets())
     tool_settings = ToolSettings(db, registry)
     memory = Memory(db)
     agent = Agent(llm, registry, tool_settings, memory, AgentLimits.from_settings(settings))

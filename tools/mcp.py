@@ -160,6 +160,10 @@ class McpHub:
         """Every known server's connection, in the order they were loaded."""
         return list(self.connections.values())
 
+    def secrets(self) -> list[str]:
+        """Every header and environment value of the known servers: for the log filter, never for display."""
+        return [value for c in self.connections.values() for value in (*c.spec.headers.values(), *c.spec.env.values())]
+
     # --- admin actions ---------------------------------------------------------------------------------------
 
     async def add(self, spec: ServerSpec, added_by: int | None) -> Listing:

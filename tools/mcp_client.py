@@ -51,8 +51,10 @@ class McpConnection:
 
     @property
     def state(self) -> str:
-        """connected, down (the last attempt failed) or idle (not connected yet)."""
-        return "connected" if self._client is not None else "down" if self.last_error else "idle"
+        """connected, connecting, down (the last attempt failed) or idle (not connected yet)."""
+        if self._client is not None:
+            return "connected"
+        return "connecting" if self._lock.locked() else "down" if self.last_error else "idle"
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
         """Call the server's tool `name`; ServerUnavailable when the server cannot answer, McpToolError when it
@@ -119,13 +121,14 @@ class McpConnection:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 client = await asyncio.shield(ready)
-        except TimeoutError:
+        except BaseException as error:  # a failure, the time limit, or our caller cancelled: the holder goes too
             ready.cancel()
             await _stop(holder, 0)
-            raise self._failed(f"no answer within {self.connect_timeout:g} s") from None
-        except Exception as error:
-            await _stop(holder, 0)
-            raise self._failed(self.describe(error)) from None
+            if isinstance(error, TimeoutError):
+                raise self._failed(f"no answer within {self.connect_timeout:g} s") from None
+            if isinstance(error, Exception):
+                raise self._failed(self.describe(error)) from None
+            raise
         self._client, self._holder, self.last_error, self._failed_at = client, holder, None, None
         return client
 
@@ -204,6 +207,8 @@ class McpConnection:
             text = f"the server answered HTTP {self._http_status}"
         elif isinstance(leaf, httpx2.ConnectError):
             text = "nothing answers at that address"
+        elif isinstance(leaf, httpx2.TransportError):
+            text = f"the connection failed ({type(leaf).__name__})"
         elif isinstance(leaf, FileNotFoundError):
             text = f"cannot start {self.spec.command!r}: no such command"
         elif isinstance(leaf, MCPError):

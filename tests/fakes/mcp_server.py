@@ -42,9 +42,8 @@ def log_call(tool: str, **arguments: str) -> None:
             log.write(f"{tool} {json.dumps(arguments, ensure_ascii=False, sort_keys=True)}\n")
 
 
-async def forecast(city: str) -> str:
-    """Today's weather in a city."""
-    log_call("forecast", city=city)
+async def weather_in(city: str) -> str:
+    """The report, or the behaviour a test asked for by naming its city."""
     if city == "Atlantis":
         raise ToolError("Atlantis is not on any map")
     if city == "Slowtown":
@@ -54,10 +53,16 @@ async def forecast(city: str) -> str:
     return WEATHER.get(city, f"{city}: no data")
 
 
+async def forecast(city: str) -> str:
+    """Today's weather in a city."""
+    log_call("forecast", city=city)
+    return await weather_in(city)
+
+
 async def forecast_v2(city: str, country: str) -> str:
     """Today's weather in a city of a country (the country is now required)."""
     log_call("forecast", city=city, country=country)
-    return f"{WEATHER.get(city, city + ': no data')} ({country})"
+    return f"{await weather_in(city)} ({country})"
 
 
 async def delete_city(city: str) -> str:
