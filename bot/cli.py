@@ -24,7 +24,7 @@ from migrations import Database, MigrationError, open_database
 from tools import build_registry
 from tools.errors import McpConfigError, McpToolError
 from tools.mcp import McpHub
-from tools.mcp_store import parse_headers, url_server
+from tools.mcp_store import parse_headers, read_config, url_server
 from tools.settings import GLOBAL, ToolSettings
 
 log = logging.getLogger("qwenbot")
@@ -132,8 +132,9 @@ def with_mcp(settings: Settings, job: Callable[[Database, McpHub], Awaitable[int
     """Run `job` on the database and an MCP hub holding every tool (MCP ones as last listed; nothing connects
     unless the job asks to)."""
     async def run() -> int:
+        config = read_config(settings.mcp_config_path)  # a broken file stops here, before the database opens
         db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
-        hub = mcp_hub(settings, db, build_registry(db, settings.tool_timeout_seconds))
+        hub = mcp_hub(settings, db, build_registry(db, settings.tool_timeout_seconds), config)
         try:
             await hub.start(connect=False)
             return await job(db, hub)

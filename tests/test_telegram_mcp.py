@@ -136,10 +136,12 @@ async def test_a_wrong_header_is_refused_clearly_and_its_value_is_never_repeated
 
 # --- faults ------------------------------------------------------------------------------------------------------
 
-async def test_a_tool_error_and_a_hang_are_observations_and_the_turn_ends(start_bot, telegram_server, weather):
+async def test_a_tool_error_a_hang_and_a_huge_result_are_observations_and_the_turn_ends(start_bot, telegram_server,
+                                                                                       weather):
     bot = await start_bot([act("weather.forecast", city="Atlantis"), final("Atlantis has no weather."),
-                           act("weather.forecast", city="Slowtown"), final("The desk is too slow today.")],
-                          tool_timeout_seconds=1)
+                           act("weather.forecast", city="Slowtown"), final("The desk is too slow today."),
+                           act("weather.forecast", city="Longville"), final("A long report.")],
+                          tool_timeout_seconds=1, observation_max_chars=300)
     await add_weather(bot, weather.url)
     await bot.ask(CHAT, ADMIN, "/tool_on weather.forecast")
 
@@ -148,8 +150,13 @@ async def test_a_tool_error_and_a_hang_are_observations_and_the_turn_ends(start_
         in bot.llm.requests[1].last_content
     assert await bot.ask(CHAT, ADMIN, "Weather in Slowtown?") == "The desk is too slow today."
     assert "Observation: Error: weather.forecast did not finish within 1 seconds." in bot.llm.requests[3].last_content
-    assert await bot.query("SELECT error FROM steps WHERE kind = 'tool' ORDER BY id") == [("tool_error",),
-                                                                                         ("timeout",)]
+    assert await bot.ask(CHAT, ADMIN, "Weather in Longville?") == "A long report."
+    observation = bot.llm.requests[5].last_content.split("Observation: ", 1)[1]
+    assert observation.startswith("Longville: very long report.")
+    full = len("Longville: " + "very long report. " * 2000)  # what the server returned
+    assert f"… [truncated: {full - 300} more characters]" in observation and len(observation) < 400
+    assert await bot.query("SELECT error FROM steps WHERE kind = 'tool' ORDER BY id") == [
+        ("tool_error",), ("timeout",), (None,)]
 
 
 async def test_a_changed_schema_then_a_server_stopped_mid_turn(start_bot, telegram_server, tmp_path):

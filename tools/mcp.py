@@ -172,7 +172,7 @@ class McpHub:
             raise McpConfigError(f"a server named {spec.name} exists already")
         connection = self._connection(spec)
         try:
-            infos, listing = await self._list(connection, [])
+            infos, listing = await self._list(connection, None)
         except BaseException:
             await connection.close()
             raise
@@ -259,12 +259,14 @@ class McpHub:
         self._register(name, infos)
         return listing
 
-    async def _list(self, connection: McpConnection, before: list[ToolInfo]) -> tuple[list[ToolInfo], Listing]:
+    async def _list(self, connection: McpConnection,
+                    before: list[ToolInfo] | None) -> tuple[list[ToolInfo], Listing]:
+        """The usable tools a server lists now, and what changed since `before` (None: a first listing)."""
         tools = await connection.list_tools(self.limits.max_tools_per_server)
         infos = [tool_info(t, self.limits.description_max_chars) for t in tools]
         usable, skipped = usable_tools(connection.spec.name, infos, self.call)
         kept = [info for info in infos if f"{connection.spec.name}.{info.name}" in {t.name for t in usable}]
-        listing = Listing(connection.spec.name, kept, skipped, *changes(before, kept))
+        listing = Listing(connection.spec.name, kept, skipped, *changes(before or kept, kept))
         return kept, listing
 
     def _install(self, spec: ServerSpec, infos: list[ToolInfo]) -> None:
