@@ -93,8 +93,8 @@ class Agent:
                   cancel: CancelToken | None = None) -> TurnResult:
         """Answer `question` in `session`; store the finished turn; return the answer and its steps."""
         started, started_at = time.perf_counter(), utc_now()
-        state = TurnState(await self.tool_settings.enabled_tools(session.chat_key), cancel or CancelToken(), on_progress,
-                          session, user_id)
+        tools = await self.tool_settings.enabled_tools(session.chat_key)
+        state = TurnState(tools, cancel or CancelToken(), on_progress, session, user_id)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
         conversation = start_conversation(self.limits.mode, history, question, state.tools)
         record = TurnRecord(question, state.result("", "", started), started_at, self.limits.mode, user_id, source_key)
