@@ -140,7 +140,11 @@ class McpHub:
     async def start(self, connect: bool = True) -> None:
         """Register every server's cached tools now; list each server afresh in the background (if `connect`)."""
         specs = {spec.name: spec for spec in await stored_servers(self.db)}
-        specs.update({spec.name: spec for spec in self.config})  # the file at the server wins over the database
+        for spec in self.config:  # the file at the server wins over the database
+            if spec.name in specs:
+                log.warning("MCP server %s is in the config file and in the database: the config file's is used",
+                            spec.name)
+            specs[spec.name] = spec
         await forget_listings(self.db, specs)
         cached = await cached_tools(self.db)
         for spec in specs.values():
@@ -162,7 +166,8 @@ class McpHub:
 
     def secrets(self) -> list[str]:
         """Every header and environment value of the known servers: for the log filter, never for display."""
-        return [value for c in self.connections.values() for value in (*c.spec.headers.values(), *c.spec.env.values())]
+        return [value for connection in self.connections.values()
+                for value in (*connection.spec.headers.values(), *connection.spec.env.values())]
 
     # --- admin actions ---------------------------------------------------------------------------------------
 
@@ -173,10 +178,10 @@ class McpHub:
         connection = self._connection(spec)
         try:
             infos, listing = await self._list(connection, None)
+            await save_server(self.db, spec, infos, added_by)
         except BaseException:
             await connection.close()
             raise
-        await save_server(self.db, spec, infos, added_by)
         self.connections[spec.name] = connection
         self._register(spec.name, infos)
         return listing
@@ -210,7 +215,12 @@ class McpHub:
         connection = self.connections.get(server)
         if connection is None:
             raise ServerUnavailable(f"MCP server {server} has been removed")
-        result = await connection.call_tool(tool, arguments)
+        try:
+            result = await connection.call_tool(tool, arguments)
+        except ServerUnavailable:
+            raise
+        except McpToolError as refused:  # the server refused the request itself (unknown tool, bad parameters)
+            raise McpToolError(f"{refused}{await self._after_error(connection, tool)}") from None
         if not result.is_error:
             return result_text(result)
         note = await self._after_error(connection, tool)
@@ -253,10 +263,10 @@ class McpHub:
         name = connection.spec.name
         before = self.listings.get(name, [])
         infos, listing = await self._list(connection, before)
-        reset = [f"{name}.{tool}" for tool in listing.changed if _began_changing_data(before, infos, tool)]
-        await save_listing(self.db, name, infos, reset)
-        listing.reset = reset
-        self._register(name, infos)
+        if infos != before:  # most listings find nothing new: no write then
+            listing.reset = [f"{name}.{t}" for t in listing.changed if _began_changing_data(before, infos, t)]
+            await save_listing(self.db, name, infos, listing.reset)
+            self._register(name, infos)
         return listing
 
     async def _list(self, connection: McpConnection,

@@ -158,7 +158,7 @@ class McpConnection:
         if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
             return ServerUnavailable(f"MCP server {self.spec.name} did not finish {doing} within "
                                      f"{self.connect_timeout:g} s")
-        if isinstance(error, MCPError) and error.code != mcp_types.CONNECTION_CLOSED:
+        if isinstance(error, MCPError) and error.code != mcp_types.CONNECTION_CLOSED and not _session_lost(error):
             return McpToolError(f"MCP server {self.spec.name} refused {doing}: {self.scrub(error.message)}")
         if isinstance(error, ValidationError):
             return McpToolError(f"MCP server {self.spec.name} answered {doing} with something that is not MCP")
@@ -226,6 +226,11 @@ class McpConnection:
 
 
 CLIENT_INFO = mcp_types.Implementation(name="qwen-react-bot", version="0.1.0")
+
+
+def _session_lost(error: MCPError) -> bool:
+    """Whether a server answered that it no longer knows our session (it restarted): only a new session helps."""
+    return error.code == mcp_types.INVALID_REQUEST and error.message == "Session terminated"
 
 
 def _leaf(error: BaseException) -> BaseException:
