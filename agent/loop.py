@@ -19,8 +19,9 @@ from agent.conversations import Conversation, arguments_key, start_conversation
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.llm.base import LLM, CancelToken, Completion
 from agent.memory import Memory, Session, TurnRecord, utc_now
-from agent.prompts import REPEATED_CALL_NOTE, apology, format_reminder
-from agent.steps import FinalAnswer, FormatProblem, Step, ToolRequest, TurnResult
+from agent.apologies import apology, language_of
+from agent.prompts import REPEATED_CALL_NOTE, format_reminder
+from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
 from tools.registry import Tool, ToolRegistry
 from tools.settings import ToolSettings
 
@@ -33,7 +34,7 @@ Progress = Callable[[str], Awaitable[None]]
 
 @dataclass(frozen=True)
 class AgentLimits:
-    """The agent's limits (from Settings)."""
+    """The agent's limits. These defaults are the only ones: `Settings` takes its defaults from here."""
 
     max_steps: int = 6
     max_new_tokens: int = 512
@@ -41,12 +42,6 @@ class AgentLimits:
     observation_max_chars: int = 2000
     turn_timeout_seconds: float = 180.0
     mode: str = "react"
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> "AgentLimits":
-        """Read the limits from a `Settings`."""
-        return cls(settings.max_steps, settings.max_new_tokens, settings.history_token_budget,
-                   settings.observation_max_chars, settings.turn_timeout_seconds, settings.agent_mode)
 
 
 @dataclass
@@ -65,13 +60,13 @@ class TurnState:
     completion_tokens: int = 0
     format_problems: int = 0
 
-    def record(self, kind: str, **fields: Any) -> Step:
+    def record(self, kind: StepKind, **fields: Any) -> Step:
         """Append a step of `kind`."""
         step = Step(position=len(self.steps) + 1, kind=kind, **fields)
         self.steps.append(step)
         return step
 
-    def result(self, answer: str, status: str, started: float) -> TurnResult:
+    def result(self, answer: str, status: TurnStatus, started: float) -> TurnResult:
         """The turn's outcome."""
         return TurnResult(answer, list(self.steps), status, None, self.model_calls, self.prompt_tokens,
                           self.completion_tokens, int((time.perf_counter() - started) * 1000))
@@ -97,7 +92,9 @@ class Agent:
         state = TurnState(tools, cancel or CancelToken(), on_progress, session, user_id)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
         conversation = start_conversation(self.limits.mode, history, question, state.tools)
-        record = TurnRecord(question, state.result("", "", started), started_at, self.limits.mode, user_id, source_key)
+        # The record's result is a placeholder until the turn ends, one way or the other.
+        record = TurnRecord(question, state.result("", TurnStatus.ERROR, started), started_at, self.limits.mode,
+                            user_id, source_key)
         try:
             result = await self._run_bounded(conversation, state, question, started)
         except (LLMError, asyncio.CancelledError) as error:
@@ -120,12 +117,12 @@ class Agent:
             completion = await self._complete(conversation, state)
             decision = conversation.read(completion)
             if isinstance(decision, FinalAnswer):
-                state.record("final", thought=decision.thought, observation=decision.answer)
-                return state.result(decision.answer, "answered", started)
+                state.record(StepKind.FINAL, thought=decision.thought, observation=decision.answer)
+                return state.result(decision.answer, TurnStatus.ANSWERED, started)
             if isinstance(decision, FormatProblem):
                 ended = self._on_format_problem(conversation, state, completion, decision, question)
                 if ended is not None:
-                    return state.result(ended, "gave_up", started)
+                    return state.result(ended, TurnStatus.GAVE_UP, started)
                 continue
             conversation.add_results(completion, [await self._act(request, state) for request in decision])
         return await self._final_at_limit(conversation, state, question, started)
@@ -134,9 +131,9 @@ class Agent:
                            problem: FormatProblem, question: str) -> str | None:
         """Remind the model of the format once; the second time, end the turn (return its answer)."""
         state.format_problems += 1
-        state.record("format_error", thought=completion.text[:500], error="parse", observation=problem.reason)
+        state.record(StepKind.FORMAT_ERROR, thought=completion.text[:500], error="parse", observation=problem.reason)
         if state.format_problems >= 2:
-            return problem.usable_text or apology(question, "format")
+            return problem.usable_text or apology("format", language_of(question))
         conversation.add_reminder(completion, format_reminder(state.tools))
         return None
 
@@ -146,8 +143,8 @@ class Agent:
         conversation.add_final_request()
         completion = await self._complete(conversation, state)
         answer = conversation.read_final(completion)
-        state.record("limit", observation=answer, error=None if answer else "no_answer")
-        return state.result(answer or apology(question, "steps"), "step_limit", started)
+        state.record(StepKind.LIMIT, observation=answer, error=None if answer else "no_answer")
+        return state.result(answer or apology("steps", language_of(question)), TurnStatus.STEP_LIMIT, started)
 
     async def _complete(self, conversation: Conversation, state: TurnState) -> Completion:
         if state.cancel.cancelled:
@@ -164,9 +161,9 @@ class Agent:
         """Run (or refuse, or replay) one tool request; record its step; return its observation."""
         started = time.perf_counter()
         key = arguments_key(request.tool, request.arguments)
-        kind, error = "tool", None
+        kind, error = StepKind.TOOL, None
         if request.arguments is not None and key in state.seen:
-            kind, observation = "repeated", f"{state.seen[key]}\n{REPEATED_CALL_NOTE.format(tool=request.tool)}"
+            kind, observation = StepKind.REPEATED, f"{state.seen[key]}\n{REPEATED_CALL_NOTE.format(tool=request.tool)}"
         elif request.input_error and (not request.tool or request.tool in (t.name for t in state.tools)):
             error, observation = "invalid_arguments", f"Error: {request.input_error}"
         else:
@@ -206,7 +203,7 @@ class Agent:
     async def _store_failure(self, session: Session, record: TurnRecord, state: TurnState, started: float,
                              error: BaseException) -> None:
         """Keep the failed turn's trace for /trace and /stats; never in the history, never under its source key."""
-        status = "cancelled" if isinstance(error, (LLMCancelled, asyncio.CancelledError)) else "error"
+        status = TurnStatus.CANCELLED if isinstance(error, (LLMCancelled, asyncio.CancelledError)) else TurnStatus.ERROR
         result = state.result(f"({type(error).__name__}: {error})", status, started)
         try:
             await self.memory.save_turn(session, replace(record, result=result, source_key=None), to_history=False)

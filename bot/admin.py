@@ -10,12 +10,12 @@ from telegram import Update
 
 from bot.access import audit
 from bot.context import BotContext
-from bot.handlers import reply, session_for
+from bot.chat import reply, session_for
 from bot.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
 from tools.courses import FIELDS, FIELD_LABELS
-from tools.errors import CourseError
+from tools.errors import ConfirmationNeeded, CourseError, UnknownTool
 from tools.registry import BUILT_IN, Tool
-from tools.settings import GLOBAL, ConfirmationNeeded
+from tools.settings import GLOBAL
 
 CONFIRM = "destructive"  # the word that enables a tool which may change data
 
@@ -83,7 +83,7 @@ async def switch_tool(update: Update, context: BotContext, command: str, enabled
     name, scope = args[0], GLOBAL if GLOBAL in flags else session_for(update.effective_message).chat_key
     try:
         await context.services.tool_settings.set_enabled(name, enabled, scope, confirmed=CONFIRM in flags)
-    except KeyError:
+    except UnknownTool:
         known = ", ".join(context.services.registry.names)
         return await reply(update.effective_message, f"❌ No tool named {name!r}. Tools: {known}")
     except ConfirmationNeeded as refusal:

@@ -14,7 +14,7 @@ from telegram import Update
 
 from bot.admin import admin_only, arguments, record
 from bot.context import BotContext
-from bot.handlers import reply
+from bot.chat import reply
 from bot.logs import add_secrets
 from bot.mcp_reports import added_text, refreshed_text, servers_text
 from bot.replies import quietly

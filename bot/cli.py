@@ -14,15 +14,15 @@ from typing import Awaitable, Callable, Sequence
 
 from agent.errors import LLMError, LLMTimeout
 from agent.memory import Session
-from agent.prompts import apology
-from agent.steps import format_trace
+from agent.apologies import apology, language_of
+from agent.traces import render_trace
 from bot.config import ConfigError, Settings
 from bot.logs import add_secrets, configure_logging
 from bot.mcp_reports import added_text, servers_text
 from bot.services import Services, mcp_hub, start_services
-from migrations import Database, MigrationError, open_database
+from db import BotError, Database, open_database
 from tools import build_registry
-from tools.errors import McpConfigError, McpToolError
+from tools.errors import McpConfigError
 from tools.mcp import McpHub
 from tools.mcp_store import parse_headers, read_config, url_server
 from tools.settings import GLOBAL, ToolSettings
@@ -30,7 +30,7 @@ from tools.settings import GLOBAL, ToolSettings
 log = logging.getLogger("qwenbot")
 
 # Failures a user can act on: shown as one line, never as a traceback.
-USER_ERRORS = (ConfigError, LLMError, MigrationError, OSError, McpConfigError, McpToolError)
+USER_ERRORS = (BotError, OSError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,7 +155,7 @@ def ask_command(settings: Settings, args: argparse.Namespace) -> int:
         finally:
             await services.close()
         if args.trace:
-            print(format_trace(result.steps), end="\n\n")
+            print(render_trace(result.steps), end="\n\n")
         print(result.answer)
         return 0
     return run_async(job)
@@ -191,12 +191,12 @@ async def chat_reply(services: Services, session: Session, text: str) -> str:
         return f"History cleared ({removed} messages)."
     if text == "/trace":
         turn = await services.memory.last_turn(session.id)
-        return format_trace(turn.steps) if turn else "No turn yet."
+        return render_trace(turn.steps) if turn else "No turn yet."
     try:
         return (await services.agent.run(session, text)).answer
     except LLMError as error:
         log.warning("turn failed: %s", error)
-        return apology(text, "timeout" if isinstance(error, LLMTimeout) else "error")
+        return apology("timeout" if isinstance(error, LLMTimeout) else "error", language_of(text))
 
 
 async def read_line(prompt: str) -> str | None:

@@ -13,13 +13,13 @@ import signal
 import mcp_types
 import pytest
 
-from migrations import open_database
+from db import open_database
 from tests.fakes.mcp_process import HangingServer, McpServerProcess, free_port, stdio_entry
 from tools import build_registry
-from tools.errors import McpConfigError, ServerUnavailable
+from tools.errors import ConfirmationNeeded, McpConfigError, ServerUnavailable
 from tools.mcp import McpHub, McpLimits, result_text
 from tools.mcp_store import ServerSpec, public_url, read_config, url_server
-from tools.settings import GLOBAL, ConfirmationNeeded, ToolSettings
+from tools.settings import GLOBAL, ToolSettings
 
 SECRET = "s3cret-value-4711"
 HEADER = {"X-Api-Key": SECRET}

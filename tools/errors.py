@@ -1,11 +1,13 @@
-"""Errors tools raise on purpose.
+"""Errors tools raise on purpose (the whole tree, with its root, is drawn in db/errors.py).
 
     ToolError               a tool refuses its input; the message is written for whoever gave it
+    ├── UnknownTool         no registered tool has that name (also a KeyError, for lookups)
     ├── CalculationError    not plain arithmetic, or too big to compute
     ├── CourseError         an invalid course change (empty name, negative lessons, unknown course)
     └── McpToolError        an MCP server's tool answered with an error, or changed its parameters
         └── ServerUnavailable   the MCP server cannot be reached, hung up, or is waiting to be retried
 
+    ConfirmationNeeded      enabling a tool that may change data needs the admin's explicit flag (not a tool failure)
     McpConfigError          MCP_CONFIG_PATH or an admin's server definition cannot be used (not a tool failure)
 
 The registry turns a `ToolError` into an observation the model can act on (error kind: the class's `kind`,
@@ -13,11 +15,22 @@ The registry turns a `ToolError` into an observation the model can act on (error
 model as `exception`.
 """
 
+from typing import Any
 
-class ToolError(ValueError):
+from db.errors import BotError
+
+
+class ToolError(BotError, ValueError):
     """A tool refuses its input."""
 
     kind = "tool_error"  # what the step records as its error
+
+
+class UnknownTool(ToolError, KeyError):
+    """No registered tool has this name."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of its argument
+        return str(self.args[0]) if self.args else ""
 
 
 class CalculationError(ToolError):
@@ -38,5 +51,13 @@ class ServerUnavailable(McpToolError):
     kind = "unavailable"
 
 
-class McpConfigError(ValueError):
+class ConfirmationNeeded(BotError, PermissionError):
+    """Enabling a tool that may change data takes the admin's explicit flag."""
+
+    def __init__(self, tool: Any):
+        super().__init__(f"{tool.name} is {tool.access}: it may change data")
+        self.tool = tool
+
+
+class McpConfigError(BotError, ValueError):
     """An MCP server definition (the config file, or /mcp_add's arguments) cannot be used; the message says why."""

@@ -24,7 +24,7 @@ from typing import Any
 import mcp_types
 from jsonschema.exceptions import SchemaError
 
-from migrations import Database
+from db import Database
 from tools.errors import McpConfigError, McpToolError, ServerUnavailable
 from tools.mcp_client import McpConnection
 from tools.mcp_store import (FROM_CONFIG, ServerSpec, ToolInfo, cached_tools, delete_server, forget_listings,

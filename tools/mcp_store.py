@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from migrations import Database
+from db import Database
 from tools.errors import McpConfigError
 
 SERVER_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")

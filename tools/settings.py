@@ -11,18 +11,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from migrations import Database
+from db import Database
+from tools.errors import ConfirmationNeeded, UnknownTool
 from tools.registry import Tool, ToolRegistry
 
 GLOBAL = "global"
-
-
-class ConfirmationNeeded(PermissionError):
-    """Enabling a tool that may change data takes the admin's explicit flag."""
-
-    def __init__(self, tool: Tool):
-        super().__init__(f"{tool.name} is {tool.access}: it may change data")
-        self.tool = tool
 
 
 @dataclass(frozen=True)
@@ -62,11 +55,11 @@ class ToolSettings:
 
     async def set_enabled(self, tool_name: str, enabled: bool, scope: str = GLOBAL, *,
                           confirmed: bool = False) -> None:
-        """Turn a tool on or off for `scope` (a chat key, or GLOBAL); unknown names are refused, and so is turning
-        on a tool that may change data unless `confirmed` (ConfirmationNeeded)."""
+        """Turn a tool on or off for `scope` (a chat key, or GLOBAL); unknown names are refused (UnknownTool), and
+        so is turning on a tool that may change data unless `confirmed` (ConfirmationNeeded)."""
         tool = self.registry.get(tool_name)
         if tool is None:
-            raise KeyError(tool_name)
+            raise UnknownTool(f"no tool named {tool_name!r}")
         if enabled and not tool.read_only and not confirmed:
             raise ConfirmationNeeded(tool)
         async with self.db.transaction() as conn:

@@ -14,6 +14,9 @@ from typing import Any, Sequence
 
 Message = dict[str, Any]
 
+# The values of MODEL_DTYPE: `auto` lets the backend choose for the hardware it runs on.
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class ToolCall:
