@@ -177,12 +177,16 @@ def test_no_config_file_means_no_servers():
 
 # --- down, gone, changed ---------------------------------------------------------------------------------------
 
-async def test_a_server_that_is_down_at_start_keeps_its_tools_and_calls_say_it_is_down(hub, db, tmp_path):
+async def test_a_server_killed_mid_call_then_down_at_start_then_back(hub, tmp_path):
     server = await McpServerProcess.start(tmp_path)
     first = await hub()
     await first.add(spec(server.url, headers={}), added_by=None)
-    await first.close()
+    call = asyncio.create_task(first.registry.call("weather.forecast", {"city": "Slowtown"}))
+    await server.wait_for_call("Slowtown")
     server.kill()
+    result = await call
+    assert result.error == "unavailable" and "MCP server weather went away during the call" in result.output
+    await first.close()
 
     made = await hub()  # the listing in the background fails; the cached tools are offered meanwhile
     assert [t.name for t in made.registry.from_source("mcp:weather")] == ["weather.forecast", "weather.delete_city"]
@@ -192,45 +196,15 @@ async def test_a_server_that_is_down_at_start_keeps_its_tools_and_calls_say_it_i
     await background_listing(made)
     assert made.connections["weather"].state == "down"
 
-
-async def test_a_server_killed_mid_call_is_an_observation_and_is_reconnected_when_back(hub, tmp_path):
-    server = await McpServerProcess.start(tmp_path)
-    made = await hub()
-    await made.add(spec(server.url, headers={}), added_by=None)
-
-    call = asyncio.create_task(made.registry.call("weather.forecast", {"city": "Slowtown"}))
-    await server.wait_for_call("Slowtown")
-    server.kill()
-    result = await call
-    assert result.error == "unavailable" and "MCP server weather went away during the call" in result.output
-
     back = await McpServerProcess.start(tmp_path, port=server.port)
-    try:
+    try:  # RETRY_SECONDS is 0 here: the next call connects again
         assert (await made.registry.call("weather.forecast", {"city": "Oslo"})).output == "Oslo: 4°C, snow"
+        assert made.connections["weather"].state == "connected"
     finally:
         back.stop()
 
 
-async def test_a_changed_schema_is_explained_to_the_model_and_taken_over(hub, db, tmp_path):
-    server = await McpServerProcess.start(tmp_path)
-    try:
-        made = await hub()
-        await made.add(spec(server.url, headers={}), added_by=None)
-        server.signal(signal.SIGUSR1)  # forecast now requires a country
-        result = await made.registry.call("weather.forecast", {"city": "Paris"})
-        assert result.error == "tool_error" and "weather.forecast failed:" in result.output
-        assert "The server has changed this tool; its parameters are now:" in result.output
-        assert '"name": "country"' in result.output
-        assert made.registry.get("weather.forecast").parameters["required"] == ["city", "country"]
-        schema = await rows(db, "SELECT input_schema FROM mcp_tools WHERE name = 'forecast'")
-        assert "country" in schema[0][0]
-        fixed = await made.registry.call("weather.forecast", {"city": "Paris", "country": "France"})
-        assert fixed.output == "Paris: 21°C, sunny (France)"
-    finally:
-        server.stop()
-
-
-async def test_a_tool_that_loses_its_read_only_hint_is_turned_off_and_needs_the_flag(hub, db, tmp_path):
+async def test_a_changed_schema_is_explained_and_a_lost_read_only_hint_turns_the_tool_off(hub, db, tmp_path):
     server = await McpServerProcess.start(tmp_path)
     try:
         made = await hub()
@@ -240,10 +214,21 @@ async def test_a_tool_that_loses_its_read_only_hint_is_turned_off_and_needs_the_
         with pytest.raises(ConfirmationNeeded):
             await tool_settings.set_enabled("weather.delete_city", True, GLOBAL)
 
-        server.signal(signal.SIGUSR2)
+        server.signal(signal.SIGUSR1)  # forecast now requires a country
+        result = await made.registry.call("weather.forecast", {"city": "Paris"})
+        assert result.error == "tool_error" and "weather.forecast failed:" in result.output
+        assert "The server has changed this tool; its parameters are now:" in result.output
+        assert '"name": "country"' in result.output
+        assert made.registry.get("weather.forecast").parameters["required"] == ["city", "country"]
+        assert "country" in (await rows(db, "SELECT input_schema FROM mcp_tools WHERE name = 'forecast'"))[0][0]
+        fixed = await made.registry.call("weather.forecast", {"city": "Paris", "country": "France"})
+        assert fixed.output == "Paris: 21°C, sunny (France)"
+        assert [t.name for t in await tool_settings.enabled_tools("tg:1")][-1] == "weather.forecast"
+
+        server.signal(signal.SIGUSR2)  # forecast loses its read-only hint
         listing = await made.refresh("weather")
         assert listing.changed == ["forecast"] and listing.reset == ["weather.forecast"]
-        assert await tool_settings.enabled_tools("tg:1") == [t for t in made.registry if t.source == "built-in"]
+        assert all(t.source == "built-in" for t in await tool_settings.enabled_tools("tg:1"))
         with pytest.raises(ConfirmationNeeded):
             await tool_settings.set_enabled("weather.forecast", True, "tg:1")
         await tool_settings.set_enabled("weather.forecast", True, "tg:1", confirmed=True)

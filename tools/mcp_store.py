@@ -188,7 +188,8 @@ async def stored_servers(db: Database) -> list[ServerSpec]:
 
 async def stored_server(db: Database, name: str) -> ServerSpec | None:
     """The admin-added server called `name`, or None."""
-    return next((spec for spec in await stored_servers(db) if spec.name == name), None)
+    row = await db.fetchone("SELECT name, transport, url, headers FROM mcp_servers WHERE name = ?", (name,))
+    return None if row is None else ServerSpec(row[0], row[1], row[2], json.loads(row[3]))
 
 
 async def save_server(db: Database, spec: ServerSpec, tools: list[ToolInfo], added_by: int | None) -> None:
