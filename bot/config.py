@@ -16,6 +16,7 @@ from dotenv import load_dotenv
 from agent.llm.base import MODEL_DTYPES
 from agent.loop import AgentLimits
 from db.errors import BotError
+from tools.mcp import McpLimits
 
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
@@ -68,10 +69,10 @@ class Settings:
     typing_interval_seconds: float = 4.0
     shutdown_grace_seconds: float = 10.0
     mcp_config_path: str = ""
-    mcp_connect_timeout_seconds: float = 10.0
-    mcp_retry_seconds: float = 30.0
-    mcp_max_tools_per_server: int = 50
-    mcp_description_max_chars: int = 1000
+    mcp_connect_timeout_seconds: float = McpLimits.connect_timeout_seconds
+    mcp_retry_seconds: float = McpLimits.retry_seconds
+    mcp_max_tools_per_server: int = McpLimits.max_tools_per_server
+    mcp_description_max_chars: int = McpLimits.description_max_chars
     log_level: str = "INFO"
 
     @classmethod

@@ -5,9 +5,13 @@ Nothing here prints a header value: servers are shown through `ServerSpec.where`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tools.mcp import Listing, McpHub
-from tools.mcp_client import McpConnection
 from tools.mcp_store import ServerSpec, ToolInfo
+
+if TYPE_CHECKING:
+    from tools.mcp_client import McpConnection
 
 STATE_MARKS = {"connected": "🟢", "connecting": "🟡", "down": "🔴", "idle": "⚪"}
 
@@ -58,7 +62,7 @@ def servers_text(hub: McpHub) -> str:
     return "\n\n".join(server_text(c, hub.listings.get(c.spec.name, [])) for c in connections)
 
 
-def server_text(connection: McpConnection, tools: list[ToolInfo]) -> str:
+def server_text(connection: "McpConnection", tools: list[ToolInfo]) -> str:
     """One server for /mcp_list and `qwenbot mcp list`."""
     spec = connection.spec
     lines = [f"{STATE_MARKS[connection.state]} {spec.name} — {spec.where} ({spec.origin})"]

@@ -19,17 +19,20 @@ import logging
 import re
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mcp_types
 from jsonschema.exceptions import SchemaError
 
 from db import Database
 from tools.errors import McpConfigError, McpToolError, ServerUnavailable
-from tools.mcp_client import McpConnection
 from tools.mcp_store import (FROM_CONFIG, ServerSpec, ToolInfo, cached_tools, delete_server, forget_listings,
                              save_listing, save_server, stored_server, stored_servers)
 from tools.registry import Tool, ToolRegistry
+
+if TYPE_CHECKING:  # the SDK takes seconds to import: only a bot that connects to a server loads it
+    import mcp_types
+
+    from tools.mcp_client import McpConnection
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 @dataclass(frozen=True)
 class McpLimits:
-    """The MCP limits (from Settings)."""
+    """The MCP limits. These defaults are the only ones: `Settings` takes its defaults from here."""
 
     connect_timeout_seconds: float = 10.0
     retry_seconds: float = 30.0
@@ -62,14 +65,15 @@ class Listing:
 
 # --- from the server's listing to registry tools ---------------------------------------------------------------
 
-def tool_info(tool: mcp_types.Tool, description_max_chars: int) -> ToolInfo:
-    """What the bot keeps of a listed tool. A tool counts as read-only only when its server says so."""
-    hints = tool.annotations or mcp_types.ToolAnnotations()
-    read_only = hints.read_only_hint is True
-    title = tool.title or hints.title or ""
+def tool_info(tool: "mcp_types.Tool", description_max_chars: int) -> ToolInfo:
+    """What the bot keeps of a listed tool. A tool counts as read-only only when its server says so, and as
+    destructive unless it says otherwise (MCP's defaults)."""
+    hints = tool.annotations
+    read_only = getattr(hints, "read_only_hint", None) is True
+    title = tool.title or getattr(hints, "title", None) or ""
     description = " ".join((tool.description or "").split())[:description_max_chars]
     return ToolInfo(tool.name, title, description, dict(tool.input_schema), read_only,
-                    not read_only and hints.destructive_hint is not False)
+                    not read_only and getattr(hints, "destructive_hint", None) is not False)
 
 
 def registry_tool(server: str, info: ToolInfo, call: Any) -> Tool:
@@ -96,7 +100,7 @@ def usable_tools(server: str, infos: list[ToolInfo], call: Any) -> tuple[list[To
     return tools, skipped
 
 
-def result_text(result: mcp_types.CallToolResult) -> str:
+def result_text(result: "mcp_types.CallToolResult") -> str:
     """A tool result as Observation text: text blocks as they are, other content named, never executed."""
     parts = [_block_text(block) for block in result.content]
     if not parts and result.structured_content is not None:
@@ -105,13 +109,15 @@ def result_text(result: mcp_types.CallToolResult) -> str:
 
 
 def _block_text(block: Any) -> str:
-    if isinstance(block, mcp_types.TextContent):
+    """One content block by its MCP `type`: text, an embedded text resource, a link; the rest only named."""
+    kind = getattr(block, "type", "content")
+    if kind == "text":
         return block.text
-    if isinstance(block, mcp_types.EmbeddedResource) and isinstance(block.resource, mcp_types.TextResourceContents):
+    if kind == "resource" and isinstance(getattr(block.resource, "text", None), str):
         return block.resource.text
-    if isinstance(block, mcp_types.ResourceLink):
+    if kind == "resource_link":
         return f"[resource {block.name}: {block.uri}]"
-    return f"[{getattr(block, 'type', 'content')}: {getattr(block, 'mime_type', '') or 'binary'}, not shown]"
+    return f"[{kind}: {getattr(block, 'mime_type', '') or 'binary'}, not shown]"
 
 
 def changes(before: list[ToolInfo], after: list[ToolInfo]) -> tuple[list[str], list[str], list[str]]:
@@ -132,7 +138,7 @@ class McpHub:
         self.registry = registry
         self.config = list(config)
         self.limits = limits
-        self.connections: dict[str, McpConnection] = {}
+        self.connections: dict[str, "McpConnection"] = {}
         self.listings: dict[str, list[ToolInfo]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._background: list[asyncio.Task] = []
@@ -160,7 +166,7 @@ class McpHub:
         await asyncio.gather(*self._background, return_exceptions=True)
         await asyncio.gather(*(c.close() for c in self.connections.values()), return_exceptions=True)
 
-    def servers(self) -> list[McpConnection]:
+    def servers(self) -> list["McpConnection"]:
         """Every known server's connection, in the order they were loaded."""
         return list(self.connections.values())
 
@@ -226,7 +232,7 @@ class McpHub:
         note = await self._after_error(connection, tool)
         raise McpToolError(f"{server}.{tool} failed: {connection.scrub(result_text(result))}{note}")
 
-    async def _after_error(self, connection: McpConnection, tool: str) -> str:
+    async def _after_error(self, connection: "McpConnection", tool: str) -> str:
         """List again after a failed call: a changed or removed tool explains the failure to the model."""
         name = connection.spec.name
         try:
@@ -258,7 +264,7 @@ class McpHub:
             return
         log.info("MCP server %s: %d tool(s)%s", name, len(listing.tools), _change_note(listing))
 
-    async def _relist(self, connection: McpConnection) -> Listing:
+    async def _relist(self, connection: "McpConnection") -> Listing:
         """List a known server's tools, store the listing, swap its registry tools."""
         name = connection.spec.name
         before = self.listings.get(name, [])
@@ -269,7 +275,7 @@ class McpHub:
             self._register(name, infos)
         return listing
 
-    async def _list(self, connection: McpConnection,
+    async def _list(self, connection: "McpConnection",
                     before: list[ToolInfo] | None) -> tuple[list[ToolInfo], Listing]:
         """The usable tools a server lists now, and what changed since `before` (None: a first listing)."""
         tools = await connection.list_tools(self.limits.max_tools_per_server)
@@ -287,11 +293,13 @@ class McpHub:
         self.listings[name] = infos
         self.registry.replace_source(f"mcp:{name}", usable_tools(name, infos, self.call)[0])
 
-    def _connection(self, spec: ServerSpec) -> McpConnection:
+    def _connection(self, spec: ServerSpec) -> "McpConnection":
+        from tools.mcp_client import McpConnection  # here: the SDK loads with the first server
+
         return McpConnection(spec, connect_timeout=self.limits.connect_timeout_seconds,
                              retry_seconds=self.limits.retry_seconds)
 
-    async def _known(self, name: str) -> McpConnection:
+    async def _known(self, name: str) -> "McpConnection":
         """The connection of `name`, loading an admin-added server the hub has not seen yet; KeyError if none."""
         stored = await stored_server(self.db, name)
         connection = self.connections.get(name)
