@@ -10,9 +10,9 @@ import json
 from typing import Any, Protocol, Sequence
 
 from agent.llm.base import Completion, Message
-from agent.native import parse_native, strip_thinking
+from agent.native import native_answer_so_far, parse_native, strip_thinking
 from agent.prompts import REACT_STOP, STEP_LIMIT_NOTE, SYSTEM_MESSAGE, react_prompt
-from agent.react import parse_react, segments
+from agent.react import final_answer_so_far, parse_react, plain_answer_so_far, segments
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
 from tools.registry import Tool
 
@@ -39,6 +39,9 @@ class Conversation(Protocol):
     def read_final(self, completion: Completion) -> str:
         """The answer in a reply to `add_final_request`, or '' if there is none."""
 
+    def answer_so_far(self, text: str) -> str | None:
+        """The final answer in a reply still being generated, as far as it is sure; None if it is none (yet)."""
+
 
 class ReactConversation:
     """The Qwen ReAct text format; without tools, a plain chat."""
@@ -51,6 +54,7 @@ class ReactConversation:
         self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
                                         {"role": "user", "content": prompt}]
         self.trace = ""  # the assistant's text so far; the backend continues it
+        self.answer_requested = False  # the step limit is reached: the next reply is the answer
 
     def request(self) -> tuple[list[Message], tuple[str, ...], None]:
         continuing = [{"role": "assistant", "content": self.trace}] if self.trace else []
@@ -70,11 +74,24 @@ class ReactConversation:
         self.trace += f"{completion.text.rstrip()}\n{REACT_STOP} {reminder}\nThought:"
 
     def add_final_request(self) -> None:
-        self.trace += f"\n{REACT_STOP} {STEP_LIMIT_NOTE}\nThought: I now know the final answer\nFinal Answer:"
+        self.answer_requested = True
+        # The trace ends with the last Observation and an open "Thought:". The note joins that Observation, and
+        # the Thought is completed, so the model continues the format where its Final Answer goes.
+        opened = "\nThought:"
+        if self.trace.endswith(opened):
+            self.trace = self.trace[:-len(opened)] + f"\n({STEP_LIMIT_NOTE})"
+        else:  # no open Thought (no step was taken): the note is the observation
+            self.trace = f"{self.trace.rstrip()}\n{REACT_STOP} {STEP_LIMIT_NOTE}".lstrip()
+        self.trace += "\nThought: I now know the final answer\nFinal Answer:"
 
     def read_final(self, completion: Completion) -> str:
         lead, parts = segments(completion.text)
         return lead or next((p.text for p in parts if p.marker == "final answer"), "")
+
+    def answer_so_far(self, text: str) -> str | None:
+        if self.answer_requested or not self.tools:
+            return plain_answer_so_far(text, lead_first=self.answer_requested)
+        return final_answer_so_far(text)
 
 
 class NativeConversation:
@@ -117,6 +134,9 @@ class NativeConversation:
     def read_final(self, completion: Completion) -> str:
         text, _ = strip_thinking(completion.text)
         return text.split("<tool_call>")[0].strip()
+
+    def answer_so_far(self, text: str) -> str | None:
+        return native_answer_so_far(text)
 
 
 def _plain_answer(text: str) -> Decision:

@@ -13,11 +13,12 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from agent.conversations import Conversation, arguments_key, start_conversation
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
-from agent.llm.base import LLM, CancelToken, Completion
+from agent.events import AnswerText, EventSink, ModelCall, ToolFinished, ToolStarted, TurnEvent
+from agent.llm.base import LLM, CancelToken, Completion, TextSink
 from agent.memory import Memory, Session, TurnRecord, utc_now
 from agent.apologies import apology, language_of
 from agent.prompts import REPEATED_CALL_NOTE, format_reminder
@@ -28,8 +29,6 @@ from tools.settings import ToolSettings
 log = logging.getLogger(__name__)
 
 __all__ = ["Agent", "AgentLimits", "Session", "TurnResult"]
-
-Progress = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class TurnState:
 
     tools: list[Tool]
     cancel: CancelToken
-    on_progress: Progress | None
+    on_event: EventSink | None
     session: Session
     user_id: int | None = None
     steps: list[Step] = field(default_factory=list)
@@ -59,6 +58,22 @@ class TurnState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     format_problems: int = 0
+    answer_shown: str = ""  # the answer text the caller was last shown (streaming)
+
+    def emit(self, event: TurnEvent) -> None:
+        """Tell the caller what happens; a failing sink is logged and never breaks the turn."""
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(event)
+        except Exception:
+            log.warning("the turn's event sink failed on %s", type(event).__name__, exc_info=True)
+
+    def show_answer(self, text: str) -> None:
+        """Stream the answer so far, when it changed."""
+        if text != self.answer_shown:
+            self.answer_shown = text
+            self.emit(AnswerText(text))
 
     def record(self, kind: StepKind, **fields: Any) -> Step:
         """Append a step of `kind`."""
@@ -84,12 +99,15 @@ class Agent:
         self.limits = limits
 
     async def run(self, session: Session, question: str, *, user_id: int | None = None,
-                  source_key: str | None = None, on_progress: Progress | None = None,
+                  source_key: str | None = None, on_event: EventSink | None = None,
                   cancel: CancelToken | None = None) -> TurnResult:
-        """Answer `question` in `session`; store the finished turn; return the answer and its steps."""
+        """Answer `question` in `session`; store the finished turn; return the answer and its steps.
+
+        `on_event` sees the turn as it runs (agent/events.py): steps, observations, the answer as it is written.
+        """
         started, started_at = time.perf_counter(), utc_now()
         tools = await self.tool_settings.enabled_tools(session.chat_key)
-        state = TurnState(tools, cancel or CancelToken(), on_progress, session, user_id)
+        state = TurnState(tools, cancel or CancelToken(), on_event, session, user_id)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
         conversation = start_conversation(self.limits.mode, history, question, state.tools)
         # The record's result is a placeholder until the turn ends, one way or the other.
@@ -116,6 +134,8 @@ class Agent:
         while state.model_calls < self.limits.max_steps:
             completion = await self._complete(conversation, state)
             decision = conversation.read(completion)
+            if not isinstance(decision, FinalAnswer):
+                state.show_answer("")  # text that looked like an answer while it streamed was not one
             if isinstance(decision, FinalAnswer):
                 state.record(StepKind.FINAL, thought=decision.thought, observation=decision.answer)
                 return state.result(decision.answer, TurnStatus.ANSWERED, started)
@@ -150,8 +170,10 @@ class Agent:
         if state.cancel.cancelled:
             raise LLMCancelled("the turn was cancelled")
         messages, stop, tools = conversation.request()
+        state.emit(ModelCall(state.model_calls + 1))
         completion = await self.llm.complete(messages, stop=stop, max_new_tokens=self.limits.max_new_tokens,
-                                             tools=tools, cancel=state.cancel)
+                                             tools=tools, cancel=state.cancel,
+                                             on_text=_answer_stream(conversation, state))
         state.model_calls += 1
         state.prompt_tokens += completion.prompt_tokens
         state.completion_tokens += completion.completion_tokens
@@ -162,6 +184,8 @@ class Agent:
         started = time.perf_counter()
         key = arguments_key(request.tool, request.arguments)
         kind, error = StepKind.TOOL, None
+        state.emit(ToolStarted(request.tool, _label(self.registry.get(request.tool), request.tool), request.raw_input,
+                               request.arguments))
         if request.arguments is not None and key in state.seen:
             kind, observation = StepKind.REPEATED, f"{state.seen[key]}\n{REPEATED_CALL_NOTE.format(tool=request.tool)}"
         elif request.input_error and (not request.tool or request.tool in (t.name for t in state.tools)):
@@ -172,13 +196,11 @@ class Agent:
                 state.seen[key] = observation
         state.record(kind, thought=request.thought, action=request.tool, action_input=request.raw_input,
                      observation=observation, error=error, duration_ms=int((time.perf_counter() - started) * 1000))
+        state.emit(ToolFinished(request.tool, observation, error))
         return request, observation
 
     async def _call_tool(self, request: ToolRequest, state: TurnState) -> tuple[str, str | None]:
         allowed = [tool.name for tool in state.tools]
-        tool = self.registry.get(request.tool)
-        if tool is not None and request.tool in allowed:
-            await self._announce(state, tool, request.arguments)
         result = await self.registry.call(request.tool, request.arguments if request.arguments is not None else {},
                                           allowed=allowed, before_run=partial(self._audit, state))
         return truncate(result.output, self.limits.observation_max_chars), result.error
@@ -189,17 +211,6 @@ class Agent:
             await self.tool_settings.audit_call(tool, arguments, state.user_id, state.session.chat_id,
                                                 state.session.chat_key)
 
-    @staticmethod
-    async def _announce(state: TurnState, tool: Tool, arguments: Any) -> None:
-        """Tell the caller which tool runs now (progress messages); a failing callback never breaks the turn."""
-        if state.on_progress is None:
-            return
-        shown = ", ".join(str(v) for v in arguments.values()) if isinstance(arguments, dict) else str(arguments)
-        try:
-            await state.on_progress(f"{tool.progress}: {shown[:60]}…" if shown else f"{tool.progress}…")
-        except Exception:
-            log.warning("progress callback failed", exc_info=True)
-
     async def _store_failure(self, session: Session, record: TurnRecord, state: TurnState, started: float,
                              error: BaseException) -> None:
         """Keep the failed turn's trace for /trace and /stats; never in the history, never under its source key."""
@@ -209,6 +220,26 @@ class Agent:
             await self.memory.save_turn(session, replace(record, result=result, source_key=None), to_history=False)
         except Exception:
             log.warning("could not store the failed turn", exc_info=True)
+
+
+def _answer_stream(conversation: Conversation, state: TurnState) -> TextSink | None:
+    """The model's text sink while the caller listens: the answer, as far as the reply so far holds one, goes up
+    as `AnswerText`; Thought and Action text never does."""
+    if state.on_event is None:
+        return None
+    pieces: list[str] = []
+
+    def take(piece: str) -> None:
+        pieces.append(piece)
+        answer = conversation.answer_so_far("".join(pieces))
+        if answer is not None:
+            state.show_answer(answer)
+    return take
+
+
+def _label(tool: Tool | None, name: str) -> str:
+    """A tool's progress label for people; an unknown tool's name as the model wrote it."""
+    return tool.progress if tool is not None else f"🔧 {name}"
 
 
 def truncate(text: str, limit: int) -> str:

@@ -23,6 +23,23 @@ def strip_thinking(text: str) -> tuple[str, str]:
     return _THINK.sub("", text).strip(), thinking
 
 
+def native_answer_so_far(text: str) -> str | None:
+    """The answer of a native reply still being generated, thinking left out; None once it turns out to be a tool
+    call, or while nothing is sure yet (a trailing `<to` may grow into `<tool_call>`)."""
+    visible, _ = strip_thinking(text)
+    visible = _without_partial_tag(visible)
+    if "<tool_call>" in visible:
+        return None
+    return visible.strip() or None
+
+
+def _without_partial_tag(text: str) -> str:
+    opening = text.rfind("<")
+    if opening >= 0 and any(tag.startswith(text[opening:]) for tag in ("<tool_call>", "<think>")):
+        return text[:opening]
+    return text
+
+
 def parse_native(completion: Completion, tools: Sequence[Tool]) -> list[ToolRequest] | Decision:
     """The tool calls a native reply asks for, or its final answer, or a format problem."""
     text, thinking = strip_thinking(completion.text)

@@ -112,6 +112,38 @@ def find_tool(name: str, tools: Sequence[Tool]) -> Tool | None:
     return next((tool for tool in tools if tool.name.lower() == wanted), None)
 
 
+# --- a reply still being generated (streaming) ---------------------------------------------------------------
+
+_MARKER_WORDS = ("thought", "action input", "action", "observation", "final answer")
+
+
+def complete_lines(text: str) -> str:
+    """`text` without a last line that may still grow into a marker (`Obs`, `Final Ans`, `**`): not to show yet."""
+    head, _, last = text.rpartition("\n")
+    start = last.lstrip(" \t*").lower().rstrip(" \t*")
+    if last.strip() and any(word.startswith(start) for word in _MARKER_WORDS):
+        return head
+    return text
+
+
+def final_answer_so_far(text: str) -> str | None:
+    """The Final Answer of a ReAct reply still being generated, as far as it is sure; None while the reply is not
+    (or not yet) a final answer. Reads the reply as `parse_react` does, so the whole reply gives its answer."""
+    _, parts = segments(complete_lines(text.split(f"\n{REACT_STOP}")[0]))
+    decisive = next((p for p in parts if p.marker in ("action", "final answer")), None)
+    if decisive is None or decisive.marker != "final answer":
+        return None
+    return decisive.text or None
+
+
+def plain_answer_so_far(text: str, *, lead_first: bool = False) -> str | None:
+    """The answer of a reply that is all answer (no tools; or the answer asked for at the step limit, where the
+    text before any marker counts first), as far as it is sure; None while there is none to show."""
+    lead, parts = segments(complete_lines(text))
+    final = next((p.text for p in parts if p.marker == "final answer"), "")
+    return ((lead or final) if lead_first else (final or lead)) or None
+
+
 def _without_markers(text: str) -> str:
     """A reply's prose with ReAct markers removed: what could stand as an answer."""
     return _MARKER.sub("", text).strip()

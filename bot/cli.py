@@ -1,4 +1,4 @@
-"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools, mcp.
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools, mcp, doctor.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -12,14 +12,13 @@ import logging
 import sys
 from typing import Awaitable, Callable, Sequence
 
-from agent.errors import LLMError, LLMTimeout
 from agent.memory import Session
-from agent.apologies import apology, language_of
 from agent.traces import render_trace
 from bot.config import ConfigError, Settings
 from bot.logs import add_secrets, configure_logging
 from bot.mcp_reports import added_text, servers_text
-from bot.services import Services, mcp_hub, start_services
+from bot.services import mcp_hub, start_services
+from bot.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from db import BotError, Database, open_database
 from tools import build_registry
 from tools.errors import McpConfigError
@@ -45,8 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("question", help="the question")
     ask.add_argument("--trace", action="store_true", help="also print each step of the reasoning")
     ask.add_argument("--session", default="cli:ask", help="history session id (default: cli:ask)")
-    chat = commands.add_parser("chat", help="an interactive session in the terminal (/reset, /trace, /quit)")
+    ask.add_argument("--quiet", "-q", action="store_true", help="print only the answer (for scripts)")
+    chat = commands.add_parser("chat", help="an interactive session in the terminal (/reset, /trace, /quit; "
+                                            "Ctrl-C stops an answer); reads piped questions one per line")
     chat.add_argument("--session", default="cli:chat", help="history session id (default: cli:chat)")
+    commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
+    chat.add_argument("--quiet", "-q", action="store_true", help="print only the answers")
     add_mcp_parser(commands)
     return parser
 
@@ -67,6 +70,10 @@ def add_mcp_parser(commands: argparse._SubParsersAction) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `qwenbot` console script."""
     args = build_parser().parse_args(argv)
+    if args.command == "doctor":  # reports a bad setting as one of its checks, with the others
+        from bot.doctor import doctor_main
+
+        return doctor_main()
     try:
         settings = Settings.from_env()
         configure_logging(settings.log_level, secrets=[settings.telegram_bot_token, settings.openai_api_key])
@@ -88,6 +95,7 @@ def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     async def job() -> int:
         db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
         await db.close()
+        log.info("database %s", db.path)
         for name in db.applied:
             print(f"applied {name}")
         if not db.applied:
@@ -147,64 +155,33 @@ def with_mcp(settings: Settings, job: Callable[[Database, McpHub], Awaitable[int
 
 
 def ask_command(settings: Settings, args: argparse.Namespace) -> int:
-    """One turn: print the final answer (and with --trace, each step first)."""
+    """One turn, shown as it runs (steps, then the answer as it is written); with --trace, every step after it."""
     async def job() -> int:
+        view = make_view(quiet=args.quiet)
         services = await start_services(settings)
         try:
-            result = await services.agent.run(cli_session(args.session), args.question)
+            result = await answer_once(services, cli_session(args.session), args.question, view)
         finally:
             await services.close()
         if args.trace:
-            print(render_trace(result.steps), end="\n\n")
-        print(result.answer)
+            print("\n" + render_trace(result.steps))
         return 0
     return run_async(job)
 
 
 def chat_command(settings: Settings, args: argparse.Namespace) -> int:
-    """An interactive session on the same agent and memory: /reset, /trace, /quit."""
+    """An interactive session on the same agent and memory: /reset, /trace, /quit; Ctrl-C stops an answer."""
     async def job() -> int:
         services = await start_services(settings)
-        print("Ask anything. /reset forgets this session, /trace shows the last turn's steps, /quit leaves.")
+        reader = make_reader()
+        if isinstance(reader, PromptReader):
+            print(CHAT_GREETING)
         try:
-            await chat_loop(services, cli_session(args.session))
+            await chat_loop(services, cli_session(args.session), make_view(quiet=args.quiet), reader)
         finally:
             await services.close()
         return 0
     return run_async(job)
-
-
-async def chat_loop(services: Services, session: Session) -> None:
-    """Read lines until /quit or end of input; answer each question."""
-    while (line := await read_line("> ")) is not None:
-        text = line.strip()
-        if text in ("/quit", "/exit"):
-            return
-        if text:
-            print(await chat_reply(services, session, text), flush=True)
-
-
-async def chat_reply(services: Services, session: Session, text: str) -> str:
-    """What the terminal shows for one line of input."""
-    if text == "/reset":
-        removed = await services.memory.reset(session.id)
-        return f"History cleared ({removed} messages)."
-    if text == "/trace":
-        turn = await services.memory.last_turn(session.id)
-        return render_trace(turn.steps) if turn else "No turn yet."
-    try:
-        return (await services.agent.run(session, text)).answer
-    except LLMError as error:
-        log.warning("turn failed: %s", error)
-        return apology("timeout" if isinstance(error, LLMTimeout) else "error", language_of(text))
-
-
-async def read_line(prompt: str) -> str | None:
-    """One line from the terminal, read off the event loop; None at end of input."""
-    try:
-        return await asyncio.to_thread(input, prompt)
-    except EOFError:
-        return None
 
 
 def cli_session(session_id: str) -> Session:

@@ -15,12 +15,18 @@ from dotenv import load_dotenv
 
 from agent.llm.base import MODEL_DTYPES
 from agent.loop import AgentLimits
+from bot.paths import default_data_dir, dotenv_file, moved_database, under
 from db.errors import BotError
 from tools.mcp import McpLimits
 
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Settings that no longer exist, and what replaced them: a .env that still sets one is told, not silently ignored.
+RETIRED = {
+    "OPENAI_TIMEOUT_SECONDS": "the openai backend now has OPENAI_CONNECT_TIMEOUT_SECONDS, OPENAI_FIRST_TOKEN_SECONDS "
+                              "and OPENAI_SILENCE_SECONDS instead of one deadline per call",
+}
 
 
 class ConfigError(BotError, ValueError):
@@ -39,24 +45,34 @@ class Settings:
     webhook_secret_token: str = ""
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
-    database_path: Path = Path("data/bot.sqlite3")
+    data_dir: Path = field(default_factory=default_data_dir)
+    database_path: Path = Path("bot.sqlite3")
     database_busy_timeout_seconds: float = 10.0
+    instance_lock_wait_seconds: float = 30.0
     llm_backend: str = "local"
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
     model_device_map: str = "auto"
     model_dtype: str = "auto"
+    model_cache_dir: Path = Path("models")
+    model_converted_dir: Path = Path("converted-models")
+    prefix_cache_mb: int = 512
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: str = "EMPTY"
     openai_model: str = ""
-    openai_timeout_seconds: float = 60.0
+    openai_connect_timeout_seconds: float = 10.0
+    openai_first_token_seconds: float = 120.0
+    openai_silence_seconds: float = 30.0
+    openai_startup_seconds: float = 60.0
     openai_max_retries: int = 3
     agent_mode: str = AgentLimits.mode
     scripted_replies_path: str = ""
     scripted_delay_seconds: float = 0.0
-    tokenizer_vocab_path: Path = Path("data/qwen.tiktoken")
+    scripted_token_seconds: float = 0.0
+    tokenizer_vocab_path: Path = Path("qwen.tiktoken")
     admin_user_ids: frozenset[int] = field(default_factory=frozenset)
     allowed_user_ids: frozenset[int] = field(default_factory=frozenset)
     allowed_chat_ids: frozenset[int] = field(default_factory=frozenset)
+    refusal_interval_seconds: float = 3600.0
     max_steps: int = AgentLimits.max_steps
     max_new_tokens: int = AgentLimits.max_new_tokens
     tool_timeout_seconds: float = 10.0
@@ -65,8 +81,12 @@ class Settings:
     batch_size: int = 8
     batch_wait_ms: int = 20
     turn_timeout_seconds: float = AgentLimits.turn_timeout_seconds
+    max_pending_questions: int = 10
+    max_question_chars: int = 4096
     progress_after_seconds: float = 2.0
     typing_interval_seconds: float = 4.0
+    stream_interval_seconds: float = 1.0
+    group_stream_interval_seconds: float = 3.0
     shutdown_grace_seconds: float = 10.0
     mcp_config_path: str = ""
     mcp_connect_timeout_seconds: float = McpLimits.connect_timeout_seconds
@@ -74,14 +94,31 @@ class Settings:
     mcp_max_tools_per_server: int = McpLimits.max_tools_per_server
     mcp_description_max_chars: int = McpLimits.description_max_chars
     log_level: str = "INFO"
+    doctor_min_free_disk_mb: int = 2000
+    doctor_timeout_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        """Make every path absolute against DATA_DIR, so no path depends on the folder `qwenbot` runs in."""
+        data_dir = self.data_dir.expanduser()
+        if not data_dir.is_absolute():
+            raise ConfigError(f"DATA_DIR must be an absolute path, got {str(self.data_dir)!r}")
+        object.__setattr__(self, "data_dir", data_dir)
+        if (old := moved_database(data_dir, self.database_path)) is not None:
+            raise ConfigError(f"DATABASE_PATH is now relative to DATA_DIR ({data_dir}), so {self.database_path} "
+                              f"no longer names your database {old}: set DATABASE_PATH={old.relative_to(data_dir)}")
+        for name in ("database_path", "tokenizer_vocab_path", "model_cache_dir", "model_converted_dir"):
+            object.__setattr__(self, name, under(data_dir, getattr(self, name)))
+        if self.mcp_config_path:  # empty: no file
+            object.__setattr__(self, "mcp_config_path", str(under(data_dir, Path(self.mcp_config_path))))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, dotenv: bool = True) -> "Settings":
         """Read settings from `environ` (default: the process environment, after loading `.env`)."""
         if environ is None:
             if dotenv:
-                load_dotenv()
+                load_dotenv(dotenv_file())
             environ = os.environ
+        _refuse_retired(environ)
         values: dict[str, Any] = {}
         for spec in fields(cls):
             raw = environ.get(spec.name.upper())
@@ -101,17 +138,24 @@ class Settings:
         if self.webhook_port > 65535:
             raise ConfigError(f"WEBHOOK_PORT must be at most 65535, got {self.webhook_port}")
         for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
-                     "observation_max_chars", "webhook_port", "mcp_max_tools_per_server", "mcp_description_max_chars"):
+                     "observation_max_chars", "webhook_port", "max_pending_questions", "max_question_chars",
+                     "mcp_max_tools_per_server", "mcp_description_max_chars"):
             _positive(name.upper(), getattr(self, name))
-        for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
-                     "typing_interval_seconds", "mcp_connect_timeout_seconds"):
+        for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_connect_timeout_seconds",
+                     "openai_first_token_seconds", "openai_silence_seconds", "openai_startup_seconds",
+                     "typing_interval_seconds", "stream_interval_seconds", "group_stream_interval_seconds",
+                     "doctor_timeout_seconds", "mcp_connect_timeout_seconds"):
             _positive(name.upper(), getattr(self, name))
-        if not self.mcp_retry_seconds >= 0:
-            raise ConfigError(f"MCP_RETRY_SECONDS must be 0 or more, got {self.mcp_retry_seconds}")
-        if not self.scripted_delay_seconds >= 0:
-            raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")
+        for name in ("scripted_delay_seconds", "scripted_token_seconds", "refusal_interval_seconds",
+                     "instance_lock_wait_seconds", "mcp_retry_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name.upper()} must be 0 or more, got {getattr(self, name)}")
+        if self.prefix_cache_mb < 0:
+            raise ConfigError(f"PREFIX_CACHE_MB must be 0 or more, got {self.prefix_cache_mb}")
         if self.batch_wait_ms < 0:
             raise ConfigError(f"BATCH_WAIT_MS must be 0 or more, got {self.batch_wait_ms}")
+        if self.doctor_min_free_disk_mb < 0:
+            raise ConfigError(f"DOCTOR_MIN_FREE_DISK_MB must be 0 or more, got {self.doctor_min_free_disk_mb}")
         if self.openai_max_retries < 0:
             raise ConfigError("OPENAI_MAX_RETRIES must be 0 or more, got %d" % self.openai_max_retries)
 
@@ -119,6 +163,12 @@ class Settings:
         """`qwenbot run` cannot start without a token; say so in one line."""
         if not self.telegram_bot_token:
             raise ConfigError("TELEGRAM_BOT_TOKEN is not set: create a bot with @BotFather and put its token in .env")
+
+
+def _refuse_retired(environ: Mapping[str, str]) -> None:
+    for name, replacement in RETIRED.items():
+        if str(environ.get(name) or "").strip():
+            raise ConfigError(f"{name} is no longer read: {replacement} (see .env.example)")
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:

@@ -11,7 +11,7 @@ import contextlib
 import html
 import logging
 import re
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Sequence, TypeVar
 
 from telegram import Bot, Message, ReplyParameters
 from telegram.constants import ChatAction, MessageLimit, ParseMode
@@ -24,6 +24,8 @@ from bot.i18n import text
 from tools.registry import Tool
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_MESSAGE = MessageLimit.MAX_TEXT_LENGTH  # 4096, counted by Telegram in UTF-16 code units
 # How long an answer keeps trying through flood waits and network failures: Telegram's 502s and dropped
@@ -130,7 +132,50 @@ async def send_chunk(bot: Bot, chat_id: int, chunk: str, *, reply_to: int | None
     return await with_retries(lambda: send(chunk, None), patience)
 
 
-async def with_retries(call: Callable[[], Awaitable[Message]], patience: float | None = None) -> Message:
+async def edit_chunk(message: Message, chunk: str, *, patience: float | None = None) -> None:
+    """Change a sent message to `chunk`, formatted as `send_chunk` formats it (plain text when Telegram refuses the
+    formatting); an edit that changes nothing counts as done."""
+    async def edit(body: str, parse_mode: str | None) -> None:
+        try:
+            await message.edit_text(body, parse_mode=parse_mode)
+        except BadRequest as error:
+            if "not modified" not in error.message.lower():
+                raise
+
+    markup = to_html(chunk)
+    if markup is not None:
+        try:
+            return await with_retries(lambda: edit(markup, ParseMode.HTML), patience)
+        except BadRequest as error:
+            if not _formatting_refused(error):
+                raise
+            log.info("formatted edit refused (%s); editing as plain text", error.message)
+    await with_retries(lambda: edit(chunk, None), patience)
+
+
+async def send_draft(bot: Bot, chat_id: int, draft_id: int, chunk: str, *, thread_id: int | None = None,
+                     patience: float | None = None) -> None:
+    """Show `chunk` as the chat's draft `draft_id` (Bot API sendMessageDraft: private chats only), formatted as
+    `send_chunk` formats it. A refusal (a server without drafts, a chat that cannot have one) is raised."""
+    async def draft(body: str, parse_mode: str | None) -> None:
+        await bot.send_message_draft(chat_id, draft_id, body, message_thread_id=thread_id, parse_mode=parse_mode)
+
+    markup = to_html(chunk)
+    if markup is not None:
+        try:
+            return await with_retries(lambda: draft(markup, ParseMode.HTML), patience)
+        except BadRequest as error:
+            if not _formatting_refused(error):
+                raise
+    await with_retries(lambda: draft(chunk, None), patience)
+
+
+def _formatting_refused(error: BadRequest) -> bool:
+    """Whether Telegram refused the HTML itself (as opposed to the call)."""
+    return "entit" in error.message.lower() or "parse" in error.message.lower()
+
+
+async def with_retries(call: Callable[[], Awaitable[T]], patience: float | None = None) -> T:
     """Run a send, retrying after flood waits and network failures for up to `patience` seconds (default
     SEND_PATIENCE_SECONDS); refusals such as BadRequest are not retried."""
     loop = asyncio.get_running_loop()
@@ -178,8 +223,9 @@ async def quietly(call: Awaitable[object], what: str) -> object | None:
 class TurnFeedback:
     """Typing every few seconds; after `progress_after` seconds, one progress message showing the current step.
 
-    Use as `async with TurnFeedback(...) as feedback:` and pass `feedback.show` as the agent's `on_progress`.
-    After the answer is sent, `remove()` deletes the progress message.
+    Use as `async with TurnFeedback(...) as feedback:` and call `feedback.show(step)` when a step starts (it only
+    notes the step: the feedback's own task edits the message). After the answer is sent, `remove()` deletes the
+    progress message.
     """
 
     def __init__(self, bot: Bot, chat_id: int, *, placeholder: str, reply_to: int | None = None,
@@ -194,6 +240,7 @@ class TurnFeedback:
         self.progress: Message | None = None
         self._shown = ""
         self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
 
     async def __aenter__(self) -> "TurnFeedback":
@@ -203,11 +250,10 @@ class TurnFeedback:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    async def show(self, step: str) -> None:
-        """The agent started a step: remember it, and update the progress message if there is one."""
+    def show(self, step: str) -> None:
+        """The agent started a step: the progress message, once there is one, shows it next."""
         self.step = step
-        if self.progress is not None:
-            await self._update_progress()
+        self._changed.set()
 
     async def stop(self) -> None:
         """Stop typing and progress updates (the progress message stays until `remove`)."""
@@ -227,15 +273,18 @@ class TurnFeedback:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         progress_at = loop.time() + self.progress_after
+        next_typing = loop.time()
         while True:
-            await quietly(self.bot.send_chat_action(self.chat_id, ChatAction.TYPING,
-                                                    message_thread_id=self.thread_id), "sendChatAction")
-            next_typing = loop.time() + self.typing_every
-            while loop.time() < next_typing:
-                if self.progress is None and loop.time() >= progress_at:
-                    await self._update_progress()
-                wake = next_typing if self.progress is not None else min(next_typing, progress_at)
-                await asyncio.sleep(max(0.0, wake - loop.time()))
+            self._changed.clear()  # before looking, so a step shown meanwhile wakes the wait below
+            if loop.time() >= next_typing:
+                await quietly(self.bot.send_chat_action(self.chat_id, ChatAction.TYPING,
+                                                        message_thread_id=self.thread_id), "sendChatAction")
+                next_typing = loop.time() + self.typing_every
+            if loop.time() >= progress_at:
+                await self._update_progress()
+            wake = next_typing if self.progress is not None else min(next_typing, progress_at)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), max(0.0, wake - loop.time()))
 
     async def _update_progress(self) -> None:
         async with self._lock:

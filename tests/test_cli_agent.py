@@ -34,11 +34,23 @@ def test_ask_prints_the_answer_and_stores_the_turn(tmp_path):
         assert conn.execute("SELECT action FROM steps WHERE kind = 'tool'").fetchall() == [("course_query",)]
 
 
-def test_ask_with_trace_prints_each_step(tmp_path):
+def test_ask_with_trace_prints_the_answer_then_each_step(tmp_path):
     done = qwenbot(tmp_path, "ask", "--trace", QUESTION)
+    assert done.stdout.startswith("大模型技术实战目前一共上线了200节。\n")
     assert "Action: course_query" in done.stdout
     assert '"课时": 200' in done.stdout
-    assert done.stdout.rstrip().endswith("200节。")
+
+
+def test_without_a_terminal_steps_go_to_stderr_as_plain_lines_and_quiet_drops_them(tmp_path):
+    done = qwenbot(tmp_path, "ask", QUESTION)
+    assert done.stdout == "大模型技术实战目前一共上线了200节。\n"  # exactly the answer: scripts read this
+    steps = done.stderr.splitlines()
+    assert steps[0] == '→ course_query {"course_name": "大模型技术实战课程"}'  # the tool and its input...
+    assert steps[1].startswith('  {"课程名称": "大模型技术实战"')  # ...then its observation
+    assert "\x1b[" not in done.stdout + done.stderr  # no escape codes without a terminal
+
+    quiet = qwenbot(tmp_path, "ask", "--quiet", QUESTION)
+    assert quiet.returncode == 0 and quiet.stdout == "大模型技术实战目前一共上线了200节。\n" and quiet.stderr == ""
 
 
 def test_chat_session_with_trace_reset_and_quit(tmp_path):

@@ -21,6 +21,7 @@ from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from bot.services import build_llm
 from agent.llm.base import CancelToken, ToolCall
 from agent.llm.openai import OpenAILLM
+from agent.llm.openai_stream import StreamLimits
 from bot.config import Settings
 from tests.fakes.openai_server import DROP, HANG, FakeOpenAIServer, error, text, tool_call
 
@@ -43,8 +44,12 @@ def server():
 
 
 def make_llm(server: FakeOpenAIServer, **overrides) -> OpenAILLM:
-    options = {"base_url": server.base_url, "model": "fake-qwen", "timeout_seconds": 10.0, "max_retries": 3}
+    options = {"base_url": server.base_url, "model": "fake-qwen", "limits": limits(), "max_retries": 3}
     return OpenAILLM(**{**options, **overrides})
+
+
+def limits(first_token: float = 10.0, silence: float = 10.0, connect: float = 5.0) -> StreamLimits:
+    return StreamLimits(connect_seconds=connect, first_token_seconds=first_token, silence_seconds=silence)
 
 
 @pytest.fixture
@@ -134,15 +139,16 @@ async def test_a_dropped_connection_is_retried(server, llm):
 
 
 async def test_a_server_that_never_answers_times_out_with_a_clear_message(server):
-    llm = make_llm(server, timeout_seconds=0.5, max_retries=3)
+    llm = make_llm(server, limits=limits(first_token=0.5), max_retries=3)
     server.add(HANG, HANG, HANG, HANG)
     started = time.monotonic()
 
     with pytest.raises(LLMTimeout) as raised:
         await llm.complete([user("Question: ?")])
 
-    assert time.monotonic() - started < 1.5  # one deadline for the call, not one per retry
-    assert str(raised.value) == f"model server at {server.base_url} did not answer within 0.5 s"
+    assert time.monotonic() - started < 1.5  # one limit for the first token, not one per retry
+    assert str(raised.value) == (f"model server at {server.base_url} sent no answer within 0.5 s "
+                                 "(OPENAI_FIRST_TOKEN_SECONDS)")
     await llm.close()
 
 
@@ -213,6 +219,82 @@ async def test_cancelling_a_waiting_request_raises_cancelled_promptly(server, ll
     assert len(server.chat_requests) == 1
 
 
+# --- streaming ------------------------------------------------------------------------------------------------
+
+async def test_the_answer_arrives_piece_by_piece_while_the_server_is_still_generating(server, llm):
+    answer = "Thought: I now know the final answer\nFinal Answer: 大模型技术实战课程一共200节。"
+    server.add(text(answer, pieces=6, chunk_delay=0.2))
+    received: list[tuple[float, str]] = []
+
+    completion = await llm.complete([user("Question: ?")], stop=REACT_STOP,
+                                    on_text=lambda piece: received.append((time.monotonic(), piece)))
+
+    assert completion.text == answer
+    assert "".join(piece for _, piece in received) == answer and len(received) == 6
+    sent = server.streams[0].sent_at
+    assert received[0][0] < sent[-1]  # the first piece was in hand before the server sent its last one
+    assert server.chat_requests[0].body["stream"] is True
+
+
+async def test_a_server_that_goes_silent_mid_answer_fails_the_call_in_one_line_and_is_hung_up_on(server):
+    llm = make_llm(server, limits=limits(silence=0.5))
+    server.add(text("Thought: let me think about this for a long while", pieces=8, silent_after=3))
+    received: list[str] = []
+
+    with pytest.raises(LLMTimeout) as raised:
+        await llm.complete([user("Question: ?")], on_text=received.append)
+
+    assert str(raised.value) == (f"model server at {server.base_url} went silent mid-answer for 0.5 s "
+                                 "(OPENAI_SILENCE_SECONDS)")
+    assert len(received) == 3
+    await wait_until(lambda: server.streams[0].closed_by_client)
+    await llm.close()
+
+
+async def test_cancelling_mid_answer_closes_the_connection_so_the_server_stops(server, llm):
+    server.add(text("word " * 100, pieces=100, chunk_delay=0.05))
+    cancel = CancelToken()
+    received: list[str] = []
+
+    def take(piece: str) -> None:
+        received.append(piece)
+        if len(received) == 3:
+            cancel.cancel()
+
+    with pytest.raises(LLMCancelled):
+        await llm.complete([user("Question: ?")], cancel=cancel, on_text=take)
+
+    await wait_until(lambda: server.streams[0].closed_by_client)  # the fake saw the connection close under it
+    assert not server.streams[0].finished and len(server.streams[0].sent_at) < 100
+
+
+async def test_a_turn_that_runs_out_of_time_also_closes_the_stream(server, llm):
+    server.add(text("word " * 100, pieces=100, chunk_delay=0.05))
+
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5):  # what the agent's turn limit does to a call in flight
+            await llm.complete([user("Question: ?")], on_text=lambda piece: None)
+
+    await wait_until(lambda: server.streams[0].closed_by_client)
+
+
+async def test_a_stream_that_ends_without_a_finish_reason_is_an_error_not_a_short_answer(server, llm):
+    server.add(text("Thought: half of a", pieces=3, unfinished=True))
+
+    with pytest.raises(LLMError) as raised:
+        await llm.complete([user("Question: ?")])
+
+    assert str(raised.value) == f"model server at {server.base_url} ended the answer before it was finished"
+
+
+async def wait_until(predicate, timeout: float = 5.0) -> None:
+    """Poll `predicate` on the event loop; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.02)
+
+
 async def test_start_checks_the_model_list(server, llm):
     await llm.start()
 
@@ -221,22 +303,63 @@ async def test_start_checks_the_model_list(server, llm):
 
 async def test_start_against_an_unreachable_server_fails_in_one_clear_line():
     url = f"http://127.0.0.1:{closed_port()}/v1"
-    llm = OpenAILLM(base_url=url, model="fake-qwen", timeout_seconds=10.0)
+    llm = OpenAILLM(base_url=url, model="fake-qwen", startup_seconds=30)
     started = time.monotonic()
 
     with pytest.raises(LLMError) as raised:
         await llm.start()
 
     message = str(raised.value)
-    assert message.startswith(f"cannot reach the model server at {url}: ")
+    assert message.startswith(f"cannot reach the model server at {url}: ") and message.endswith("(is it running?)")
     assert "\n" not in message
-    assert time.monotonic() - started < 3.0  # no retries at start-up
+    assert time.monotonic() - started < 3.0  # nothing listens: no waiting for it, whatever the start-up budget
+    await llm.close()
+
+
+async def test_start_waits_for_a_busy_server_and_says_what_it_waits_for(server, caplog):
+    server.busy_for(6)  # llama.cpp's Python server answers /models only after its current generation
+    llm = make_llm(server, startup_seconds=30)
+
+    with caplog.at_level("WARNING", logger="agent.llm.openai"):
+        await llm.start()
+
+    # The first check gives up after 5 s and says so; the second, twice as patient, gets the answer.
+    assert len([r for r in server.requests if r.path == "/v1/models"]) == 2
+    assert (f"the model server at {server.base_url} is busy (no answer to GET /models within 5 s); waiting for it"
+            in caplog.text)
+    await llm.close()
+
+
+async def test_start_against_a_server_busy_for_longer_than_the_budget_says_it_is_busy_not_down(server):
+    server.busy_for(60)
+    llm = make_llm(server, startup_seconds=0.5)
+
+    with pytest.raises(LLMError) as raised:
+        await llm.start()
+
+    message = str(raised.value)
+    assert message.startswith(f"the model server at {server.base_url} is running but busy: no answer to GET /models")
+    assert "OPENAI_STARTUP_SECONDS" in message and "cannot reach" not in message
+    await llm.close()
+
+
+async def test_a_busy_status_at_start_is_asked_again_with_growing_pauses(server, caplog):
+    server.models_statuses = [503, 503]  # then the model list
+    llm = make_llm(server, startup_seconds=30)
+
+    with caplog.at_level("WARNING", logger="agent.llm.openai"):
+        await llm.start()
+
+    arrivals = [r.received_at for r in server.requests if r.path == "/v1/models"]
+    assert len(arrivals) == 3
+    assert arrivals[2] - arrivals[1] > arrivals[1] - arrivals[0] >= 0.9  # 1 s, then 2 s
+    assert "is busy (it answered 503" in caplog.text
     await llm.close()
 
 
 async def test_credentials_in_the_server_address_are_never_shown():
     port = closed_port()
-    llm = OpenAILLM(base_url=f"http://admin:hunter2@127.0.0.1:{port}/v1", model="fake-qwen")
+    llm = OpenAILLM(base_url=f"http://admin:hunter2@127.0.0.1:{port}/v1", model="fake-qwen", startup_seconds=1)
 
     with pytest.raises(LLMError) as raised:
         await llm.start()
@@ -275,7 +398,8 @@ def qwenbot_ask(server_url: str, tmp_path: Path, question: str, **env: str) -> s
     """Run `qwenbot ask` as a user would, configured only through the environment (no .env: cwd is tmp_path)."""
     settings = {"LLM_BACKEND": "openai", "OPENAI_BASE_URL": server_url, "OPENAI_MODEL": "fake-qwen",
                 "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "AGENT_MODE": "react", "LOG_LEVEL": "WARNING",
-                "TOKENIZER_VOCAB_PATH": str(REPO / "data" / "qwen.tiktoken"), "OPENAI_TIMEOUT_SECONDS": "10", **env}
+                "TOKENIZER_VOCAB_PATH": str(REPO / "data" / "qwen.tiktoken"), "OPENAI_FIRST_TOKEN_SECONDS": "10",
+                **env}
     environ = {**os.environ, **settings, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "bot.cli", "ask", question], cwd=tmp_path, env=environ,
                           capture_output=True, text=True, timeout=60)
@@ -322,10 +446,11 @@ def test_qwenbot_ask_still_answers_after_two_server_errors(server, tmp_path):
 def test_qwenbot_ask_against_a_silent_server_says_it_timed_out(server, tmp_path):
     server.add(HANG)
 
-    done = qwenbot_ask(server.base_url, tmp_path, ARTICLE_QUESTION, OPENAI_TIMEOUT_SECONDS="1")
+    done = qwenbot_ask(server.base_url, tmp_path, ARTICLE_QUESTION, OPENAI_FIRST_TOKEN_SECONDS="1")
 
     assert done.returncode == 2
-    assert last_line(done.stderr) == f"qwenbot: model server at {server.base_url} did not answer within 1 s"
+    assert last_line(done.stderr) == (f"qwenbot: model server at {server.base_url} sent no answer within 1 s "
+                                      "(OPENAI_FIRST_TOKEN_SECONDS)")
     assert "Traceback" not in done.stderr
 
 

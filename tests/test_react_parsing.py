@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agent.llm.base import Completion, ToolCall
-from agent.native import parse_native
-from agent.react import parse_react
+from agent.native import native_answer_so_far, parse_native
+from agent.react import final_answer_so_far, parse_react, plain_answer_so_far
 from agent.steps import FinalAnswer, FormatProblem, ToolRequest
 from tools.calculator import CALCULATOR
 from tools.registry import Tool
@@ -183,3 +183,46 @@ def test_native_server_parsed_calls():
 
 def test_native_empty_reply():
     assert isinstance(parse_native(Completion("<think>hmm</think>"), TOOLS), FormatProblem)
+
+
+# --- replies still being generated (what streams to the user) ------------------------------------------------
+
+FULL = 'Thought: 我知道了\nFinal Answer: 一共 **200** 节。\n第二段。'
+
+
+@pytest.mark.parametrize("cut, shown", [
+    (len("Thought: 我知道了\nFin"), None),  # a marker half written: nothing yet
+    (len("Thought: 我知道了\nFinal Answer"), None),
+    (len("Thought: 我知道了\nFinal Answer: 一"), "一"),
+    (len("Thought: 我知道了\nFinal Answer: 一共 **200** 节。\n"), "一共 **200** 节。"),
+    (len(FULL), "一共 **200** 节。\n第二段。"),
+])
+def test_the_final_answer_shows_as_it_is_written_and_never_the_thought(cut, shown):
+    assert final_answer_so_far(FULL[:cut]) == shown
+
+
+def test_an_answer_line_that_might_become_a_marker_waits_and_the_stop_word_never_shows():
+    text = "Final Answer: 200节\nObs"
+    assert final_answer_so_far(text) == "200节"  # "Obs" may be the stop word: held back
+    assert final_answer_so_far(text + "ervation: invented") == "200节"
+    assert final_answer_so_far("Final Answer: 200节\nThe end") == "200节\nThe end"  # "The" is no marker
+
+
+def test_a_reply_that_acts_first_shows_no_answer_even_with_a_final_answer_after():
+    assert final_answer_so_far('Thought: x\nAction: course_query\nAction Input: {}\nFinal Answer: 100') is None
+    assert final_answer_so_far("Thought: still thinking about it") is None
+
+
+def test_the_whole_reply_streams_to_what_parse_react_answers():
+    for reply in (FULL, "Final Answer: 200", "Thought: ok\n**Final Answer:** 大模型技术实战有200节"):
+        decision = parse_react(reply, TOOLS)
+        assert isinstance(decision, FinalAnswer) and final_answer_so_far(reply) == decision.answer
+
+
+def test_plain_answers_and_native_answers_so_far():
+    assert plain_answer_so_far("你好，我") == "你好，我"
+    assert plain_answer_so_far(" 200节\nThought: x", lead_first=True) == "200节"
+    assert native_answer_so_far("<think>hmm</think>一共200节") == "一共200节"
+    assert native_answer_so_far("<think>still thinking") is None
+    assert native_answer_so_far("让我查一下。<to") == "让我查一下。"  # may be a <tool_call> starting
+    assert native_answer_so_far('让我查一下。<tool_call>{"name"') is None

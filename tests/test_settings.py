@@ -10,7 +10,8 @@ import pytest
 
 from bot.config import ConfigError, Settings
 
-ENV_EXAMPLE = Path(__file__).resolve().parent.parent / ".env.example"
+ROOT = Path(__file__).resolve().parent.parent
+ENV_EXAMPLE = ROOT / ".env.example"
 
 
 def example_values() -> dict[str, str]:
@@ -22,7 +23,10 @@ def example_values() -> dict[str, str]:
 def test_empty_environment_gives_the_documented_defaults():
     settings = Settings.from_env({})
     assert settings == Settings()
-    assert settings.database_path == Path("data/bot.sqlite3")
+    assert settings.data_dir == ROOT / "data"  # a checkout keeps its data beside the code
+    assert settings.database_path == ROOT / "data" / "bot.sqlite3"
+    assert settings.tokenizer_vocab_path == ROOT / "data" / "qwen.tiktoken"
+    assert settings.model_cache_dir == ROOT / "data" / "models"
     assert settings.llm_backend == "local"
     assert settings.model == "Qwen/Qwen2.5-1.5B-Instruct"
     assert settings.agent_mode == "react"
@@ -77,6 +81,10 @@ def test_empty_or_blank_values_mean_the_default():
     ("TURN_TIMEOUT_SECONDS", "-5", "greater than 0"),
     ("TYPING_INTERVAL_SECONDS", "0", "greater than 0"),
     ("OPENAI_MAX_RETRIES", "-1", "0 or more"),
+    ("OPENAI_SILENCE_SECONDS", "0", "greater than 0"),
+    ("OPENAI_FIRST_TOKEN_SECONDS", "-1", "greater than 0"),
+    ("STREAM_INTERVAL_SECONDS", "0", "greater than 0"),
+    ("SCRIPTED_TOKEN_SECONDS", "-0.1", "0 or more"),
     ("MCP_CONNECT_TIMEOUT_SECONDS", "0", "greater than 0"),
     ("MCP_RETRY_SECONDS", "-1", "0 or more"),
     ("MCP_MAX_TOOLS_PER_SERVER", "0", "greater than 0"),
@@ -93,6 +101,14 @@ def test_bad_values_are_refused_with_one_line_naming_the_variable(variable, raw,
     assert message.startswith(f"{variable} must be"), message
     assert says in message
     assert "\n" not in message
+
+
+def test_a_retired_setting_still_set_is_refused_with_what_replaced_it():
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"OPENAI_TIMEOUT_SECONDS": "60"})
+    message = str(caught.value)
+    assert message.startswith("OPENAI_TIMEOUT_SECONDS is no longer read: ")
+    assert "OPENAI_FIRST_TOKEN_SECONDS" in message and "OPENAI_SILENCE_SECONDS" in message
 
 
 def test_the_bad_value_is_quoted_in_the_message():
@@ -130,3 +146,39 @@ def test_every_setting_has_a_line_in_env_example_and_every_line_a_setting():
 
 def test_env_example_shows_the_defaults():
     assert Settings.from_env(example_values()) == Settings()
+
+
+def test_relative_paths_are_taken_inside_the_data_dir_and_absolute_ones_kept(tmp_path):
+    settings = Settings.from_env({"DATA_DIR": str(tmp_path), "DATABASE_PATH": "db/main.sqlite3",
+                                  "TOKENIZER_VOCAB_PATH": "/opt/vocab/qwen.tiktoken", "MODEL_CACHE_DIR": "hub"})
+    assert settings.database_path == tmp_path / "db" / "main.sqlite3"
+    assert settings.tokenizer_vocab_path == Path("/opt/vocab/qwen.tiktoken")
+    assert settings.model_cache_dir == tmp_path / "hub"
+
+
+def test_a_data_dir_in_the_home_folder_is_expanded(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert Settings.from_env({"DATA_DIR": "~/bot"}).database_path == tmp_path / "bot" / "bot.sqlite3"
+
+
+def test_a_relative_data_dir_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^DATA_DIR must be an absolute path, got 'mydata'$"):
+        Settings.from_env({"DATA_DIR": "mydata"})
+
+
+def test_an_old_env_database_path_that_would_hide_the_database_is_refused(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "bot.sqlite3").write_bytes(b"")  # the database the old relative setting meant
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"DATA_DIR": str(data), "DATABASE_PATH": "data/bot.sqlite3"})
+    assert str(caught.value).endswith(f"no longer names your database {data / 'bot.sqlite3'}: "
+                                      "set DATABASE_PATH=bot.sqlite3")
+    assert Settings.from_env({"DATA_DIR": str(data)}).database_path == data / "bot.sqlite3"
+
+
+def test_the_dotenv_file_is_the_projects_whatever_the_current_folder(monkeypatch, tmp_path):
+    from bot.paths import dotenv_file
+
+    monkeypatch.chdir(tmp_path)
+    assert dotenv_file() == ROOT / ".env"

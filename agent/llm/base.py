@@ -3,6 +3,10 @@
 A request is a list of chat messages (`{"role": ..., "content": ...}`). When the last message is from the
 assistant, the backend *continues* it rather than starting a new assistant turn: that is how the ReAct trace
 grows inside one assistant turn. Stop strings end generation and are not part of the returned text.
+
+Streaming: a caller that passes `on_text` is handed each piece of new text as it is generated, on the event loop.
+The pieces are a preview: they may run a little past a stop string (a backend sees the stop only once it is
+complete), so the returned `Completion` stays the authority on what the model said.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 Message = dict[str, Any]
+# Called on the event loop with each new piece of generated text; it must be quick and must not block.
+TextSink = Callable[[str], None]
 
 # The values of MODEL_DTYPE: `auto` lets the backend choose for the hardware it runs on.
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -36,6 +42,7 @@ class Completion:
     completion_tokens: int = 0
     finish_reason: str = "stop"  # "stop" (stop string or end of turn), "length" or "cancelled"
     tool_calls: tuple[ToolCall, ...] = field(default_factory=tuple)
+    cached_tokens: int = 0  # prompt tokens whose KV was reused rather than computed (a prefix cache)
 
 
 class CancelToken:
@@ -74,10 +81,12 @@ class LLM(ABC):
         max_new_tokens: int = 512,
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
+        on_text: TextSink | None = None,
     ) -> Completion:
         """Generate a completion for `messages`, ending at the first of `stop` (trimmed) or the token limit.
 
-        `tools` are OpenAI-style function specs for native tool calling. Raises `LLMError` subclasses.
+        `tools` are OpenAI-style function specs for native tool calling. `on_text`, when given, receives the new
+        text as it is generated (see the module docstring). Raises `LLMError` subclasses.
         """
 
     @abstractmethod

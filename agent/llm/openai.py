@@ -3,10 +3,15 @@
 Concurrency is the server's job: each call is one HTTP request on the official `openai` client's connection pool,
 so many chats can be in flight at once and a vLLM deployment batches them across its GPUs.
 
-Retries are the client's own (`max_retries`): exponential backoff from 0.5 s (capped at 8 s) on 408, 409, 429,
-5xx and dropped connections, honouring the server's Retry-After (up to two minutes). On top of that, every call
-has one deadline, `timeout_seconds`, retries included: the user waits for an answer, not for an attempt, and a
-server that never answers gives `LLMTimeout` after that long rather than after every retry has timed out too.
+Every call streams (`stream=True`): the caller sees text as it is generated, and the call runs under three time
+limits instead of one deadline (agent/llm/openai_stream.py). Cancelling a call, or running out of time, closes its
+stream: the connection drops, and vLLM, SGLang and llama.cpp stop generating for nobody. Retries are the client's
+own (`max_retries`): exponential backoff from 0.5 s (capped at 8 s) on 408, 409, 429, 5xx and dropped
+connections, honouring the server's Retry-After.
+
+At start-up `GET /models` tells "not running" (connection refused, no such host) from "busy" (the connection opens
+but the answer does not come: llama.cpp's Python server answers it only between generations); a busy server is
+asked again, with growing patience, for up to `startup_seconds`.
 """
 
 from __future__ import annotations
@@ -16,21 +21,26 @@ import json
 import logging
 import re
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Awaitable, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 import openai
 from openai import AsyncOpenAI
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
-from agent.llm.base import LLM, CancelToken, Completion, Message, ToolCall, trim_at_stop
+from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink, ToolCall, trim_at_stop
+from agent.llm.openai_stream import StreamedReply, StreamLimits
 from agent.tokens import TokenCounter, estimate_tokens
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.05  # how often a waiting call looks at its CancelToken
-START_TIMEOUT_SECONDS = 5.0  # the reachability check at start-up should fail fast, not after a generation's time-out
+FIRST_PROBE_SECONDS = 5.0  # the first start-up check's patience; each later one waits twice as long
+BUSY_PAUSE_SECONDS = 1.0  # after a "busy" status (503, 429), the first pause before asking again; it doubles
 MAX_MESSAGE_CHARS = 300  # a server's error text is cut to this, so our error stays one readable line
+BUSY_STATUSES = (408, 429, 502, 503, 504)  # answers of a server that is up but cannot answer yet
 
 T = TypeVar("T")
 
@@ -46,18 +56,21 @@ class OpenAILLM(LLM):
         base_url: str,
         model: str,
         api_key: str = "EMPTY",
-        timeout_seconds: float = 60.0,
+        limits: StreamLimits = StreamLimits(),
+        startup_seconds: float = 60.0,
         max_retries: int = 3,
         count_tokens: TokenCounter = estimate_tokens,
     ) -> None:
         self.base_url = base_url
         self.model = model
-        self.timeout_seconds = timeout_seconds
+        self.limits = limits
+        self.startup_seconds = startup_seconds
         self._api_key = api_key or "EMPTY"  # local servers ignore the key, but the client insists on one
         self._count = count_tokens
-        self._client = AsyncOpenAI(
-            base_url=base_url, api_key=self._api_key, timeout=timeout_seconds, max_retries=max_retries
-        )
+        # No read time-out of the client's own: the first-token and silence limits are measured here, per chunk,
+        # because keep-alive pings would reset a socket-level read time-out while nothing is generated.
+        self._client = AsyncOpenAI(base_url=base_url, api_key=self._api_key, max_retries=max_retries,
+                                   timeout=httpx.Timeout(None, connect=limits.connect_seconds))
 
     @property
     def url(self) -> str:
@@ -65,21 +78,69 @@ class OpenAILLM(LLM):
         return _without_credentials(self.base_url)
 
     async def start(self) -> None:
-        """Check the server answers `GET /models`, so a wrong address fails start-up in one clear line."""
-        quick = self._client.with_options(timeout=min(START_TIMEOUT_SECONDS, self.timeout_seconds), max_retries=0)
+        """Check the server answers `GET /models`, waiting for a busy one; a wrong address fails in one line."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.startup_seconds
+        patience, pause = FIRST_PROBE_SECONDS, BUSY_PAUSE_SECONDS
+        while (busy := await self._probe(min(patience, max(deadline - loop.time(), 0.1)))) is not None:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise LLMError(f"the model server at {self.url} is running but busy: {busy.reason}, for "
+                               f"{self.startup_seconds:g} s (OPENAI_STARTUP_SECONDS); try again when it is free")
+            log.warning("the model server at %s is busy (%s); waiting for it, up to %.0f s more", self.url,
+                        busy.reason, left)
+            if busy.answered:  # it said so at once: pause before asking again (a time-out was the pause itself)
+                await asyncio.sleep(min(pause, left))
+            patience, pause = patience * 2, pause * 2
+
+    async def _probe(self, patience: float) -> "_Busy | None":
+        """One `GET /models`: None when the server answered, else why it looks busy. Raises `LLMError` when it is
+        not running or refuses our key."""
+        quick = self._client.with_options(
+            timeout=httpx.Timeout(patience, connect=self.limits.connect_seconds), max_retries=0)
         try:
             page = await quick.models.list()
+        except openai.APITimeoutError as error:
+            if isinstance(error.__cause__, httpx.ConnectTimeout):
+                raise LLMError(f"cannot reach the model server at {self.url}: no answer to the connection within "
+                               f"{self.limits.connect_seconds:g} s (is the host up?)") from None
+            return _Busy(f"no answer to GET /models within {patience:g} s", answered=False)
         except openai.APIConnectionError as error:
+            raise LLMError(f"cannot reach the model server at {self.url}: {self._reason(error)} "
+                           f"(is it running?)") from None
+        except openai.APIStatusError as error:
+            return self._status_at_start(error)
+        self._check_model_listed([model.id for model in page.data])
+        return None
+
+    def _status_at_start(self, error: openai.APIStatusError) -> "_Busy | None":
+        if error.status_code in (401, 403):
+            raise LLMError(self._describe_status(error) + " (check OPENAI_API_KEY)") from None
+        if error.status_code in BUSY_STATUSES:
+            return _Busy(f"it answered {error.status_code} ({self._one_line(str(error.message))})", answered=True)
+        # It answered, so it is reachable; some servers simply have no model list.
+        log.warning("model server at %s has no usable model list: %s", self.url, self._describe_status(error))
+        return None
+
+    def _check_model_listed(self, served: list[str]) -> None:
+        if served and self.model not in served:
+            log.warning("model server at %s does not list %r (it lists %s)", self.url, self.model, ", ".join(served))
+
+    async def served_models(self) -> list[str]:
+        """The model ids the server lists (empty when it has no usable list), for `qwenbot doctor`; a server that
+        is not running, does not answer or refuses our key is an `LLMError`."""
+        quick = self._client.with_options(
+            timeout=httpx.Timeout(self.limits.first_token_seconds, connect=self.limits.connect_seconds),
+            max_retries=0)
+        try:
+            page = await quick.models.list()
+        except openai.APIConnectionError as error:  # time-outs too
             raise LLMError(f"cannot reach the model server at {self.url}: {self._reason(error)}") from None
         except openai.APIStatusError as error:
             if error.status_code in (401, 403):
                 raise LLMError(self._describe_status(error) + " (check OPENAI_API_KEY)") from None
-            # It answered, so it is reachable; some servers simply have no model list.
-            log.warning("model server at %s has no usable model list: %s", self.url, self._describe_status(error))
-            return
-        served = [model.id for model in page.data]
-        if served and self.model not in served:
-            log.warning("model server at %s does not list %r (it lists %s)", self.url, self.model, ", ".join(served))
+            return []
+        return [model.id for model in page.data]
 
     async def close(self) -> None:
         """Close the client's connections."""
@@ -97,35 +158,42 @@ class OpenAILLM(LLM):
         max_new_tokens: int = 512,
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
+        on_text: TextSink | None = None,
     ) -> Completion:
-        """One chat completion; an assistant message last is continued (see `fold_assistant_prefix`)."""
+        """One streamed chat completion; an assistant message last is continued (see `fold_assistant_prefix`)."""
         request: dict[str, Any] = {
             "model": self.model,
             "messages": to_chat_messages(messages),
             "max_tokens": max_new_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},  # servers that do not know it ignore it (and count nothing)
         }
         if stop:
             request["stop"] = list(stop)
         if tools:
             request["tools"] = list(tools)
-        response = await self._answer_within_deadline(self._client.chat.completions.create(**request), cancel)
-        return self._completion(response, request["messages"], stop)
+        reply = await self._read_stream(request, cancel, on_text)
+        return self._completion(reply, request["messages"], stop)
 
-    async def _answer_within_deadline(self, call: Awaitable[T], cancel: CancelToken | None) -> T:
-        """Await `call`, giving up at the deadline or when `cancel` is set, with our errors for the client's."""
-        task = asyncio.ensure_future(call)
+    async def _read_stream(self, request: dict[str, Any], cancel: CancelToken | None,
+                           on_text: TextSink | None) -> StreamedReply:
+        """Open the stream and read it to its end under the time limits; the stream is closed however it ends."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_seconds
+        reply = StreamedReply()
+        deadline = loop.time() + self.limits.first_token_seconds
+        stream = None
         try:
-            while not task.done():
-                if cancel is not None and cancel.cancelled:
-                    raise LLMCancelled(f"request to the model server at {self.url} was cancelled")
-                if (left := deadline - loop.time()) <= 0:
-                    raise self._timeout_error()
-                await asyncio.wait({task}, timeout=min(POLL_SECONDS, left))
-            return task.result()
+            stream = await self._within(self._client.chat.completions.create(**request), deadline, cancel, reply)
+            chunks = stream.__aiter__()
+            while (chunk := await self._within(anext(chunks, None), deadline, cancel, reply)) is not None:
+                text = reply.add(chunk)
+                if reply.started:
+                    deadline = loop.time() + self.limits.silence_seconds
+                if text and on_text is not None:
+                    on_text(text)
         except openai.APITimeoutError:
-            raise self._timeout_error() from None
+            raise LLMTimeout(f"cannot reach the model server at {self.url}: no connection within "
+                             f"{self.limits.connect_seconds:g} s (OPENAI_CONNECT_TIMEOUT_SECONDS)") from None
         except openai.APIConnectionError as error:
             raise LLMError(f"cannot reach the model server at {self.url}: {self._reason(error)}") from None
         except openai.APIStatusError as error:
@@ -133,27 +201,50 @@ class OpenAILLM(LLM):
         except openai.OpenAIError as error:
             raise LLMError(f"model server at {self.url} failed: {self._one_line(str(error))}") from None
         finally:
+            if stream is not None:
+                await stream.close()  # drops the connection: the server stops generating for nobody
+        return reply
+
+    async def _within(self, call: Awaitable[T], deadline: float, cancel: CancelToken | None,
+                      reply: StreamedReply) -> T:
+        """Await `call` until `deadline` or until `cancel` is set; a call left behind is cancelled."""
+        task = asyncio.ensure_future(call)
+        loop = asyncio.get_running_loop()
+        try:
+            while not task.done():
+                if cancel is not None and cancel.cancelled:
+                    raise LLMCancelled(f"request to the model server at {self.url} was cancelled")
+                if (left := deadline - loop.time()) <= 0:
+                    raise self._silence_error(reply)
+                await asyncio.wait({task}, timeout=min(POLL_SECONDS, left))
+            return task.result()
+        finally:
             if not task.done():
-                task.cancel()  # closes the HTTP request, so the server can stop generating for nobody
+                task.cancel()
                 await asyncio.wait({task})
 
-    def _completion(self, response: Any, sent: list[Message], stop: Sequence[str]) -> Completion:
-        if not getattr(response, "choices", None):  # an empty list, or not a chat completion at all
-            raise LLMError(f"model server at {self.url} returned no choices")
-        choice = response.choices[0]
+    def _silence_error(self, reply: StreamedReply) -> LLMTimeout:
+        if reply.started:
+            return LLMTimeout(f"model server at {self.url} went silent mid-answer for "
+                              f"{self.limits.silence_seconds:g} s (OPENAI_SILENCE_SECONDS)")
+        return LLMTimeout(f"model server at {self.url} sent no answer within {self.limits.first_token_seconds:g} s "
+                          f"(OPENAI_FIRST_TOKEN_SECONDS)")
+
+    def _completion(self, reply: StreamedReply, sent: list[Message], stop: Sequence[str]) -> Completion:
+        if reply.finish_reason is None:
+            # llama.cpp's Python server ends a stream this way when a newer request interrupts it.
+            raise LLMError(f"model server at {self.url} ended the answer before it was finished")
         # Servers trim at `stop` themselves; trimming again covers those that ignore some stop strings.
-        text, stopped = trim_at_stop(choice.message.content or "", stop)
-        usage = response.usage
+        text, stopped = trim_at_stop(reply.text, stop)
+        usage = reply.usage
         return Completion(
             text=text,
             prompt_tokens=usage.prompt_tokens if usage else sum(self._count(str(m.get("content") or "")) for m in sent),
             completion_tokens=usage.completion_tokens if usage else self._count(text),
-            finish_reason="length" if choice.finish_reason == "length" and not stopped else "stop",
-            tool_calls=_tool_calls(choice.message),
+            finish_reason="length" if reply.finish_reason == "length" and not stopped else "stop",
+            tool_calls=tuple(ToolCall(name=name, arguments=arguments, id=call_id)
+                             for call_id, name, arguments in reply.calls()),
         )
-
-    def _timeout_error(self) -> LLMTimeout:
-        return LLMTimeout(f"model server at {self.url} did not answer within {self.timeout_seconds:g} s")
 
     def _describe_status(self, error: openai.APIStatusError) -> str:
         body = error.body
@@ -173,6 +264,14 @@ class OpenAILLM(LLM):
             text = text.replace(self._api_key, "***")
         text = re.sub(r"\s+", " ", text).strip()
         return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…"
+
+
+@dataclass(frozen=True)
+class _Busy:
+    """Why the server looks busy at start-up, and whether it said so (a status) or kept silent (a time-out)."""
+
+    reason: str
+    answered: bool
 
 
 def to_chat_messages(messages: Sequence[Message]) -> list[Message]:
@@ -243,16 +342,6 @@ def _as_text(content: Any) -> Any:
     if isinstance(content, (str, list)):
         return content
     return json.dumps(content, ensure_ascii=False)
-
-
-def _tool_calls(message: Any) -> tuple[ToolCall, ...]:
-    """The function calls the server parsed from the model's output, arguments kept as raw JSON text."""
-    calls = []
-    for call in message.tool_calls or ():
-        function = getattr(call, "function", None)  # custom (non-function) tool calls have none
-        if function is not None:
-            calls.append(ToolCall(name=function.name, arguments=function.arguments or "{}", id=call.id or ""))
-    return tuple(calls)
 
 
 def _without_credentials(url: str) -> str:

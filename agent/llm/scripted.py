@@ -3,18 +3,23 @@
 Each scripted entry is the raw text a model would produce (stop strings included, as a real model emits them;
 they are trimmed here exactly as a real backend trims them), an exception to raise, or a function of the
 request returning text. Every request is recorded so tests can assert on the prompt the model saw.
+
+Streaming, like a server: a caller's `on_text` gets the reply as trimmed at the stop string, after `delay`; with
+`token_seconds`, piece by piece (a word, or up to three characters of unspaced text such as Chinese) with that
+pause between pieces, so tests can watch an answer grow; without it, all at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, Union
 
 from agent.errors import LLMCancelled, LLMError
-from agent.llm.base import LLM, CancelToken, Completion, Message, trim_at_stop
+from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink, trim_at_stop
 from agent.tokens import TokenCounter, estimate_tokens
 
 
@@ -40,15 +45,24 @@ class Request:
 
 Reply = Union[str, Completion, BaseException, Callable[[Request], Union[str, Completion]]]
 
+_PIECE = re.compile(r"\s*\S{1,3}|\s+")  # what one streamed "token" of a scripted reply is
+
+
+def stream_pieces(text: str) -> list[str]:
+    """`text` cut into token-sized pieces that join back into it exactly."""
+    return _PIECE.findall(text)
+
 
 class ScriptedLLM(LLM):
     """Replays `replies` in order; raises `LLMError` when the script runs out."""
 
     name = "scripted"
 
-    def __init__(self, replies: Sequence[Reply] = (), *, delay: float = 0.0, count_tokens: TokenCounter = estimate_tokens):
+    def __init__(self, replies: Sequence[Reply] = (), *, delay: float = 0.0, token_seconds: float = 0.0,
+                 count_tokens: TokenCounter = estimate_tokens):
         self.replies = list(replies)
         self.delay = delay
+        self.token_seconds = token_seconds
         self.requests: list[Request] = []
         self._count = count_tokens
 
@@ -78,11 +92,19 @@ class ScriptedLLM(LLM):
         max_new_tokens: int = 512,
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
+        on_text: TextSink | None = None,
     ) -> Completion:
+        """The next scripted reply, after `delay`; streamed to `on_text` when given."""
         request = Request([dict(m) for m in messages], tuple(stop), max_new_tokens, list(tools) if tools else None)
         self.requests.append(request)
         if self.delay:
-            await self._sleep_unless_cancelled(cancel)
+            await self._sleep_unless_cancelled(cancel, self.delay)
+        completion = self._next_completion(request, messages, stop)
+        if on_text is not None:
+            await self._stream(completion.text, on_text, cancel)
+        return completion
+
+    def _next_completion(self, request: Request, messages: Sequence[Message], stop: Sequence[str]) -> Completion:
         if not self.replies:
             raise LLMError("scripted model has no more replies")
         reply = self.replies.pop(0)
@@ -96,9 +118,19 @@ class ScriptedLLM(LLM):
         prompt_tokens = sum(self._count(str(m.get("content") or "")) for m in messages)
         return Completion(text, prompt_tokens, self._count(text), "stop" if stopped or text == reply else "length")
 
-    async def _sleep_unless_cancelled(self, cancel: CancelToken | None) -> None:
+    async def _stream(self, text: str, on_text: TextSink, cancel: CancelToken | None) -> None:
+        if not self.token_seconds:
+            if text:
+                on_text(text)
+            return
+        for index, piece in enumerate(stream_pieces(text)):
+            if index:
+                await self._sleep_unless_cancelled(cancel, self.token_seconds)
+            on_text(piece)
+
+    async def _sleep_unless_cancelled(self, cancel: CancelToken | None, seconds: float) -> None:
         # Sleep in small slices so a cancelled request ends promptly, as a real backend's does.
-        deadline = asyncio.get_running_loop().time() + self.delay
+        deadline = asyncio.get_running_loop().time() + seconds
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
             if cancel is not None and cancel.cancelled:
                 raise LLMCancelled("cancelled")

@@ -12,6 +12,13 @@ headers such as Retry-After), a dropped connection, or a hang that never answers
 the time it arrived, and the server counts how many chat requests it was handling at once (`max_in_flight`), so
 tests can check concurrency by what the server saw rather than by timing alone.
 
+A request with `"stream": true` is answered as real servers stream: server-sent events over chunked HTTP, a role
+chunk, the text in small pieces (`pieces`, `chunk_delay` apart), a finish chunk, a usage chunk when
+`stream_options.include_usage` asks for one, then `data: [DONE]`. A reply can go silent after some pieces
+(`silent_after`), or end without a finish reason (`unfinished`, as llama.cpp's Python server does when a newer
+request interrupts one). Each stream is logged (`streams`): when each piece left, and whether the client closed
+the connection before the end, which the server notices as real ones do, by the socket closing under it.
+
 The stdlib `ThreadingHTTPServer` runs in a background thread, one thread per connection: blocking and simple, and
 enough for a handful of concurrent requests.
 """
@@ -19,6 +26,8 @@ enough for a handful of concurrent requests.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,15 +50,38 @@ class Reply:
     hang: bool = False
     drop: bool = False
     finish_reason: str | None = None
+    pieces: tuple[str, ...] = ()  # how a streamed answer is cut (default: a few characters each)
+    chunk_delay: float = 0.0  # seconds between streamed pieces
+    silent_after: int | None = None  # stream this many pieces, then send nothing more (until the client leaves)
+    unfinished: bool = False  # end the stream with [DONE] but no finish reason
+
+
+@dataclass
+class StreamLog:
+    """One streamed answer as the server sent it."""
+
+    sent_at: list[float] = field(default_factory=list)  # time.monotonic() of each text piece
+    closed_by_client: bool = False  # the client hung up before the stream's end
+    finished: bool = False  # the server sent [DONE]
 
 
 HANG = Reply(hang=True)  # never answer
 DROP = Reply(drop=True)  # close the connection without answering, as a crashing server does
 
 
-def text(content: str, *, delay: float = 0.0, finish_reason: str | None = None) -> Reply:
-    """A plain text answer, as the model would write it (the server trims it at the request's stop strings)."""
-    return Reply(text=content, delay=delay, finish_reason=finish_reason)
+def text(content: str, *, delay: float = 0.0, finish_reason: str | None = None, pieces: int | None = None,
+         chunk_delay: float = 0.0, silent_after: int | None = None, unfinished: bool = False) -> Reply:
+    """A plain text answer, as the model would write it (the server trims it at the request's stop strings);
+    streamed in `pieces` pieces when given."""
+    return Reply(text=content, delay=delay, finish_reason=finish_reason, pieces=_cut(content, pieces),
+                 chunk_delay=chunk_delay, silent_after=silent_after, unfinished=unfinished)
+
+
+def _cut(content: str, pieces: int | None) -> tuple[str, ...]:
+    if not pieces:
+        return ()
+    size = max(1, -(-len(content) // pieces))
+    return tuple(content[i:i + size] for i in range(0, len(content), size))
 
 
 def tool_call(name: str, arguments: dict[str, Any] | str, *, call_id: str = "call_1", content: str = "") -> Reply:
@@ -83,6 +115,12 @@ class FakeOpenAIServer:
         self.model = model
         self.requests: list[RecordedRequest] = []
         self.max_in_flight = 0
+        self.streams: list[StreamLog] = []
+        # Until this time.monotonic(), GET /v1/models waits: llama.cpp's Python server answers it only once the
+        # generation in progress is over (see `busy_for`).
+        self.busy_until = 0.0
+        # Statuses GET /v1/models answers first, one per request (503: a server still loading its model).
+        self.models_statuses: list[int] = []
         self._replies: list[Reply] = []
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -109,6 +147,10 @@ class FakeOpenAIServer:
     def chat_requests(self) -> list[RecordedRequest]:
         """Only the chat-completion requests, in arrival order."""
         return [r for r in self.requests if r.path == CHAT_PATH]
+
+    def busy_for(self, seconds: float) -> None:
+        """Be busy generating for someone else for `seconds`: GET /v1/models waits until then."""
+        self.busy_until = time.monotonic() + seconds
 
     def add(self, *replies: Reply | str) -> None:
         """Queue answers for the next chat requests; a plain string is a text answer."""
@@ -177,6 +219,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._record(body=None)
         if self.path != MODELS_PATH:
             return self._send_json(404, _error_body(404, f"no route {self.path}"))
+        busy = self.fake.busy_until - time.monotonic()
+        if busy > 0 and self._wait_for_client_or_stop(busy):
+            self.close_connection = True
+            return
+        with self.fake._lock:
+            status = self.fake.models_statuses.pop(0) if self.fake.models_statuses else 200
+        if status != 200:
+            return self._send_json(status, _error_body(status, "Loading model"))
         model = {"id": self.fake.model, "object": "model", "created": 0, "owned_by": "fake"}
         self._send_json(200, {"object": "list", "data": [model]})
 
@@ -194,7 +244,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, reply: Reply, request: dict[str, Any]) -> None:
         if reply.hang:
-            self.fake._stopping.wait()  # never answer; the server's stop() lets the thread go
+            self._wait_for_client_or_stop(None)  # never answer; the server's stop() lets the thread go
             self.close_connection = True
             return
         if reply.drop:
@@ -204,7 +254,74 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if reply.status != 200:
             return self._send_json(reply.status, _error_body(reply.status, reply.text), reply.headers)
+        if request.get("stream"):
+            return self._stream(reply, request)
         self._send_json(200, _completion_body(reply, request), reply.headers)
+
+    def _stream(self, reply: Reply, request: dict[str, Any]) -> None:
+        """Server-sent events over chunked HTTP, as vLLM and llama.cpp send them."""
+        log = StreamLog()
+        with self.fake._lock:
+            self.fake.streams.append(log)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        try:
+            self._stream_events(reply, request, log)
+        except (BrokenPipeError, ConnectionResetError):
+            log.closed_by_client = True
+        if log.closed_by_client:
+            self.close_connection = True
+
+    def _stream_events(self, reply: Reply, request: dict[str, Any], log: StreamLog) -> None:
+        content, stopped = _trim_at_stop(reply.text, request.get("stop"))
+        base = {"id": f"chatcmpl-{time.monotonic_ns()}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": request.get("model", "")}
+        self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                          "finish_reason": None}]})
+        pieces = _pieces_of(content, reply.pieces) if content else []
+        for number, piece in enumerate(pieces):
+            if number == reply.silent_after:
+                log.closed_by_client = self._wait_for_client_or_stop(None)  # silent until the client gives up
+                return
+            if number and self._wait_for_client_or_stop(reply.chunk_delay):
+                log.closed_by_client = True
+                return
+            self._event({**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+            log.sent_at.append(time.monotonic())
+        for number, call in enumerate(reply.tool_calls):
+            self._event({**base, "choices": [{"index": 0, "delta": {"tool_calls": _call_deltas(call, number)},
+                                              "finish_reason": None}]})
+        if not reply.unfinished:
+            finish = "stop" if stopped else reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+            self._event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        if (request.get("stream_options") or {}).get("include_usage"):
+            self._event({**base, "choices": [], "usage": _usage(request, content)})
+        self._write_chunk(b"data: [DONE]\n\n")
+        self._write_chunk(b"")
+        log.finished = True
+
+    def _wait_for_client_or_stop(self, seconds: float | None) -> bool:
+        """Wait `seconds` (None: until the server stops); True as soon as the client closes the connection."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while not self.fake._stopping.is_set():
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            readable, _, _ = select.select([self.connection], [], [], left)
+            if readable and _closed(self.connection):
+                return True
+        return False
+
+    def _event(self, payload: dict[str, Any]) -> None:
+        self._write_chunk(b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n")
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):X}\r\n".encode("ascii") + data + b"\r\n")
+        self.wfile.flush()
 
     def _record(self, body: Any) -> None:
         headers = {name.lower(): value for name, value in self.headers.items()}
@@ -224,6 +341,39 @@ class _Handler(BaseHTTPRequestHandler):
 def _error_body(status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error",
                       "code": status}}
+
+
+def _closed(connection: socket.socket) -> bool:
+    """Whether the peer closed a connection that select() says is readable (it sends nothing else meanwhile)."""
+    try:
+        return connection.recv(1, socket.MSG_PEEK) == b""
+    except (ConnectionResetError, OSError):
+        return True
+
+
+def _pieces_of(content: str, pieces: tuple[str, ...]) -> list[str]:
+    """The scripted pieces of `content` (cut to what is left after the stop string), or 4 characters each."""
+    if not pieces:
+        return [content[i:i + 4] for i in range(0, len(content), 4)]
+    out, left = [], content
+    for piece in pieces:
+        if not left:
+            break
+        out.append(left[:len(piece)])
+        left = left[len(piece):]
+    return out + ([left] if left else [])
+
+
+def _call_deltas(call: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    return [{"index": index, "id": call["id"], "type": "function",
+             "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}]
+
+
+def _usage(request: dict[str, Any], content: str) -> dict[str, int]:
+    # Usage counts characters, not tokens: enough for tests to see the server's numbers pass through.
+    prompt_chars = sum(len(str(m.get("content") or "")) for m in request.get("messages", []))
+    return {"prompt_tokens": prompt_chars, "completion_tokens": len(content),
+            "total_tokens": prompt_chars + len(content)}
 
 
 def _completion_body(reply: Reply, request: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from telegram.ext import Application
 from agent.llm.scripted import Reply, ScriptedLLM
 from bot.app import build_application, serve
 from bot.config import Settings
+from bot.intake import journal_source, turn_source_key
 from db import Database, open_database
 from tests.fakes.telegram_server import Chat, FakeTelegramServer, User, group_chat, private_chat
 
@@ -77,6 +78,12 @@ class RunningBot:
                                    f"{count} message(s) in chat {chat_id}, got {self.server.sent_texts(chat_id)}")
         return self.server.sent_texts(chat_id)
 
+    async def turns_done(self, timeout: float = 10.0) -> None:
+        """Wait until no turn waits or runs, and the bot has stopped calling the server."""
+        turns = self.application.bot_data["turns"]
+        await self.server.wait_for(lambda: not turns.active, timeout, "the turns to finish")
+        await self.server.settle()
+
     async def ask(self, chat: Chat, user: User, text: str, count: int | None = None, **kwargs: Any) -> str:
         """`user` writes `text`; wait for one more message from the bot in `chat`, and return it."""
         before = len(self.server.sent_texts(chat.id))
@@ -100,6 +107,10 @@ class RunningBot:
                 raise AssertionError(f"updates still unhandled: {left}")
             await asyncio.sleep(0.02)
 
+    def source_key(self, update_id: int) -> str:
+        """The `source_key` of the turn update `update_id` asks for (the journal's source: this bot at this server)."""
+        return turn_source_key(journal_source(self.server.bot.id, self.settings), update_id)
+
     @property
     def db(self) -> Database:
         """The bot's own database connection (while it runs)."""
@@ -113,10 +124,12 @@ class RunningBot:
 
 
 async def running_bot(server: FakeTelegramServer, tmp_path: Path, replies: Sequence[Reply] = (), *,
-                      delay: float = 0.0, llm: ScriptedLLM | None = None, **overrides: Any) -> RunningBot:
-    """Start the real application against `server`, with a scripted model; returns once it polls."""
+                      delay: float = 0.0, token_seconds: float = 0.0, llm: ScriptedLLM | None = None,
+                      **overrides: Any) -> RunningBot:
+    """Start the real application against `server`, with a scripted model (streaming its replies piece by piece,
+    `token_seconds` apart, when given); returns once it polls."""
     settings = bot_settings(server, tmp_path, **overrides)
-    llm = llm or ScriptedLLM(replies, delay=delay)
+    llm = llm or ScriptedLLM(replies, delay=delay, token_seconds=token_seconds)
     application = build_application(settings, llm=llm)
     stop_event = asyncio.Event()
     polls_before = len(server.calls_to("getUpdates"))

@@ -8,8 +8,9 @@
         assert "200" in server.sent_texts(alice.id)[0]
 
 It serves what the bot calls: getMe, getUpdates (long polling with `timeout`; an update stays queued until a later
-call's `offset` confirms it, as Telegram does), sendMessage, editMessageText, deleteMessage, sendChatAction,
-setMyCommands, deleteWebhook, setWebhook and getWebhookInfo. Like the real server it refuses texts over 4096
+call's `offset` confirms it, as Telegram does), sendMessage, sendMessageDraft (private chats only, as Telegram;
+`FakeTelegramServer(drafts=False)` answers it "Not Found", as Bot API servers before 9.3 do), editMessageText,
+deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo. Like the real server it refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
 method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
 effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
@@ -39,7 +40,7 @@ MAX_TEXT = 4096
 JSON_FIELDS = {
     "chat_id", "message_id", "reply_parameters", "commands", "scope", "timeout", "offset", "limit",
     "allowed_updates", "message_thread_id", "disable_notification", "link_preview_options", "entities",
-    "drop_pending_updates", "max_connections", "protect_content", "reply_markup", "revoke",
+    "drop_pending_updates", "max_connections", "protect_content", "reply_markup", "revoke", "draft_id",
 }
 HTML_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "a", "code", "pre", "tg-spoiler",
              "span", "blockquote", "tg-emoji"}
@@ -150,8 +151,10 @@ class _State:
 class FakeTelegramServer:
     """A Bot API server on a free port of 127.0.0.1, holding one bot."""
 
-    def __init__(self, *, token: str = TOKEN, bot_id: int = 777000, bot_username: str = "qwen_test_bot") -> None:
+    def __init__(self, *, token: str = TOKEN, bot_id: int = 777000, bot_username: str = "qwen_test_bot",
+                 drafts: bool = True) -> None:
         self.token = token
+        self.drafts = drafts
         self.bot = User(bot_id, "Qwen Test Bot", username=bot_username, is_bot=True)
         self.calls: list[ApiCall] = []
         self.polls_started = 0  # getUpdates calls received (a call is recorded only when it answers)
@@ -313,6 +316,12 @@ class FakeTelegramServer:
         """Messages the server accepted from the bot (sendMessage answered 200), optionally in one chat."""
         return [c for c in self.calls_to("sendMessage", ok=True) if chat_id is None or c.params["chat_id"] == chat_id]
 
+    def draft_texts(self, chat_id: int) -> list[str]:
+        """The visible texts of the drafts the server accepted in a chat, in order."""
+        texts = [(str(c.params.get("text") or ""), c.params.get("parse_mode"))
+                 for c in self.calls_to("sendMessageDraft", ok=True) if c.params["chat_id"] == chat_id]
+        return [_visible_text(body, mode) if body else "" for body, mode in texts]
+
     def sent_texts(self, chat_id: int | None = None) -> list[str]:
         """The visible texts of accepted messages, in order."""
         return [c.result["text"] for c in self.sent(chat_id)]
@@ -403,6 +412,19 @@ class FakeTelegramServer:
                 message["message_thread_id"] = params["message_thread_id"]
             self._state.messages[(chat_id, message["message_id"])] = message
         return dict(message)  # a copy: the recorded call keeps the text as sent, whatever edits follow
+
+    def _api_sendMessageDraft(self, params: dict[str, Any]) -> bool:
+        if not self.drafts:
+            raise _ApiError(404, "Not Found")
+        chat_id = int(params["chat_id"])
+        if chat_id < 0:
+            raise _ApiError(400, "Bad Request: TEXTDRAFT_PEER_INVALID")
+        if not int(params.get("draft_id") or 0):
+            raise _ApiError(400, "Bad Request: draft_id must be non-zero")
+        text = str(params.get("text") or "")
+        if text:  # an empty draft shows Telegram's "thinking" placeholder
+            _visible_text(text, params.get("parse_mode"))
+        return True
 
     def _api_editMessageText(self, params: dict[str, Any]) -> dict[str, Any]:
         text = _visible_text(str(params.get("text", "")), params.get("parse_mode"))

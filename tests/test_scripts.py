@@ -1,0 +1,149 @@
+"""scripts/run.sh and scripts/setup.sh: pip runs only when something changed; failures point at the doctor; a stop
+signal reaches the bot.
+
+The scripts run for real, in a copy of the project in a temporary folder, with a recording `.venv`: its `python`
+is the real interpreter except that `-m pip` only records the call (and `pip install -e` puts a `qwenbot` in
+place, as the real install does); that `qwenbot` records its sub-command and, for `run`, waits to be stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "python $*" >> "$FAKE_LOG"
+if [ "${1:-}" = "-m" ] && [ "${2:-}" = "pip" ]; then
+  case " $* " in *" -e "*) cp "$FAKE_QWENBOT" .venv/bin/qwenbot; chmod +x .venv/bin/qwenbot;; esac
+  exit 0
+fi
+exec "$REAL_PYTHON" "$@"
+"""
+FAKE_QWENBOT = """#!/usr/bin/env bash
+echo "qwenbot $*" >> "$FAKE_LOG"
+case "$1" in
+  migrate) exit "${FAKE_MIGRATE_STATUS:-0}" ;;
+  run)
+    sleep "${FAKE_RUN_SECONDS:-0}" &
+    sleeper=$!
+    trap 'kill "$sleeper"; echo "qwenbot stopped by TERM" >> "$FAKE_LOG"; exit 0' TERM
+    echo "qwenbot polling" >> "$FAKE_LOG"
+    wait "$sleeper"
+    exit "${FAKE_RUN_STATUS:-0}" ;;
+esac
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the project (scripts, packages, pyproject.toml, .env.example) with a recording .venv."""
+    copy = tmp_path / "project"
+    shutil.copytree(ROOT / "scripts", copy / "scripts")
+    for package in ROOT.iterdir():
+        if (package / "__init__.py").is_file() and package.name != "tests":
+            shutil.copytree(package, copy / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", ".env.example"):
+        shutil.copy(ROOT / name, copy / name)
+    (copy / ".venv" / "bin").mkdir(parents=True)
+    write_script(copy / ".venv" / "bin" / "python", FAKE_PYTHON)
+    write_script(tmp_path / "fake-qwenbot", FAKE_QWENBOT)
+    for asset in ("data/qwen.tiktoken", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"):  # fetched already
+        (copy / asset).parent.mkdir(parents=True, exist_ok=True)
+        (copy / asset).write_bytes(b"x")
+    return copy
+
+
+def write_script(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def script_env(project: Path, **extra: str) -> dict[str, str]:
+    """The environment a user would have, plus where the fakes record (no TORCH_* or settings inherited)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_", "FAKE_", "DATA_DIR"))}
+    return {**env, "FAKE_LOG": str(project / "calls.log"), "FAKE_QWENBOT": str(project.parent / "fake-qwenbot"),
+            "REAL_PYTHON": sys.executable, **extra}
+
+
+def run_script(project: Path, name: str, **extra: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run scripts/NAME in `project`; return the process and the calls it made (python, pip, qwenbot)."""
+    log = project / "calls.log"
+    log.unlink(missing_ok=True)
+    done = subprocess.run(["bash", f"scripts/{name}"], cwd=project, env=script_env(project, **extra),
+                          capture_output=True, text=True, timeout=120)
+    return done, log.read_text().splitlines() if log.exists() else []
+
+
+def pip_calls(calls: list[str]) -> list[str]:
+    """The pip invocations among the recorded calls."""
+    return [call for call in calls if call.startswith("python -m pip")]
+
+
+def test_a_second_start_with_nothing_changed_runs_no_pip(project):
+    first, calls = run_script(project, "run.sh")
+    assert first.returncode == 0, first.stderr
+    assert "python -m pip install -q torch==2.13.0" in calls
+    assert "python -m pip install -q -e .[test]" in calls
+    assert calls[-3:] == ["qwenbot migrate", "qwenbot run", "qwenbot polling"]
+
+    second, calls = run_script(project, "run.sh")
+    assert second.returncode == 0, second.stderr
+    assert pip_calls(calls) == []
+    assert "skipping pip" in second.stderr
+    assert calls[-3:] == ["qwenbot migrate", "qwenbot run", "qwenbot polling"]
+
+
+def test_a_changed_pyproject_torch_spec_or_index_installs_again(project):
+    assert run_script(project, "setup.sh")[0].returncode == 0
+    with (project / "pyproject.toml").open("a") as pyproject:
+        pyproject.write("\n# a new dependency would go here\n")
+    assert pip_calls(run_script(project, "setup.sh")[1])
+    assert pip_calls(run_script(project, "setup.sh")[1]) == []
+
+    _, calls = run_script(project, "setup.sh", TORCH_SPEC="torch")
+    assert "python -m pip install -q torch" in calls
+    _, calls = run_script(project, "setup.sh", TORCH_SPEC="torch", TORCH_INDEX_URL="http://127.0.0.1:9/whl/cpu")
+    assert "python -m pip install -q --index-url http://127.0.0.1:9/whl/cpu torch" in calls
+    assert pip_calls(run_script(project, "setup.sh", TORCH_SPEC="torch",
+                                TORCH_INDEX_URL="http://127.0.0.1:9/whl/cpu")[1]) == []
+
+
+def test_a_lost_install_is_installed_again_whatever_the_stamp_says(project):
+    assert run_script(project, "setup.sh")[0].returncode == 0
+    (project / ".venv" / "bin" / "qwenbot").unlink()
+    assert "python -m pip install -q -e .[test]" in run_script(project, "setup.sh")[1]
+
+
+@pytest.mark.parametrize("failing", ["FAKE_MIGRATE_STATUS", "FAKE_RUN_STATUS"])
+def test_a_failed_start_suggests_the_doctor(project, failing):
+    done, _ = run_script(project, "run.sh", **{failing: "2"})
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith("run.sh: that failed; '.venv/bin/qwenbot doctor' checks")
+
+
+def test_a_stop_signal_to_run_sh_reaches_the_bot(project):
+    log = project / "calls.log"
+    script = subprocess.Popen(["bash", "scripts/run.sh"], cwd=project, env=script_env(project, FAKE_RUN_SECONDS="60"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # polls for the bot to start; the bound is only a safety net
+            if log.exists() and "qwenbot polling" in log.read_text():
+                break
+            time.sleep(0.1)
+        script.send_signal(signal.SIGTERM)
+        _, stderr = script.communicate(timeout=30)
+    finally:
+        if script.poll() is None:
+            script.kill()
+    assert script.returncode == 0, stderr
+    assert log.read_text().splitlines()[-1] == "qwenbot stopped by TERM"
+    assert "doctor" not in stderr
