@@ -23,6 +23,7 @@ from agent.memory import Memory, Session, TurnRecord, utc_now
 from agent.apologies import apology, language_of
 from agent.prompts import REPEATED_CALL_NOTE, format_reminder
 from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
+from agent.unicode import clean_text
 from tools.registry import Tool, ToolRegistry
 from tools.settings import ToolSettings
 
@@ -106,6 +107,7 @@ class Agent:
         `on_event` sees the turn as it runs (agent/events.py): steps, observations, the answer as it is written.
         """
         started, started_at = time.perf_counter(), utc_now()
+        question = clean_text(question)  # e.g. undecodable bytes of a command line: SQLite could not store them
         tools = await self.tool_settings.enabled_tools(session.chat_key)
         state = TurnState(tools, cancel or CancelToken(), on_event, session, user_id)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)

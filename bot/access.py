@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.config import Settings
+from bot.ids import is_service_account
 from db import Database
 
 GROUP_TYPES = ("group", "supergroup")
@@ -51,11 +52,14 @@ class AccessControl:
             return False  # channels and anonymous senders: nobody to hold to account
         if self.is_admin(user_id):
             return True
-        user_choice = await self._choice("user", user_id)
-        if user_choice is not None:
-            return user_choice
-        if user_id in self.settings.allowed_user_ids:
-            return True
+        # A service account (an anonymous admin, a channel) stands for many senders: only a group's own access
+        # lets it in, in that group; an old `/allow` of its id (refused since, bot/ids.py) does not.
+        if not is_service_account(user_id):
+            user_choice = await self._choice("user", user_id)
+            if user_choice is not None:
+                return user_choice
+            if user_id in self.settings.allowed_user_ids:
+                return True
         if chat_type in GROUP_TYPES:
             chat_choice = await self._choice("chat", chat_id)
             return chat_choice if chat_choice is not None else chat_id in self.settings.allowed_chat_ids

@@ -11,6 +11,7 @@ from telegram import Update
 from bot.access import audit
 from bot.context import BotContext
 from bot.chat import reply, reply_or_refuse, session_for
+from bot.ids import IdError, parse_id, refuse_service_account
 from bot.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
 from tools.courses import FIELDS, FIELD_LABELS
 from tools.errors import ConfirmationNeeded, CourseError, UnknownTool
@@ -197,22 +198,18 @@ async def set_access(update: Update, context: BotContext, command: str, allowed:
     if not await admin_only(update, context):
         return
     args = arguments(update)
-    if len(args) != 1 or not _is_id(args[0]):
+    if len(args) != 1:
         return await usage(update, command)
-    subject_id = int(args[0])
+    try:
+        subject_id = parse_id(args[0])
+        if allowed:
+            refuse_service_account(subject_id)  # /deny may still take an old entry back
+    except IdError as error:
+        return await reply(update.effective_message, f"❌ {error}\nUsage: {USAGE[command]}")
     kind = await context.access.set_allowed(subject_id, allowed, by=update.effective_user.id,
                                             chat_id=update.effective_chat.id)
     note = " (an admin: admins always have access)" if context.access.is_admin(subject_id) else ""
     await reply(update.effective_message, f"✅ {kind} {subject_id} is {'allowed' if allowed else 'denied'}{note}.")
-
-
-# Telegram ids have at most 52 significant bits; a larger number is no id (and would not fit SQLite's INTEGER).
-MAX_ID = 2 ** 53
-
-
-def _is_id(word: str) -> bool:
-    digits = word[1:] if word.startswith("-") else word
-    return _is_number(digits) and 0 < abs(int(word)) < MAX_ID
 
 
 def _is_number(word: str) -> bool:

@@ -15,21 +15,19 @@ import logging
 import secrets
 import signal
 from typing import Awaitable, Callable
-from urllib.parse import urlparse
 
-from telegram import BotCommand, BotCommandScopeChat
-from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, \
-    MessageHandler, Updater, filters
+from telegram import BotCommand, BotCommandScopeChat, Update
+from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
 
 from agent.llm.base import LLM
 from bot import admin, admin_mcp, handlers
 from bot.config import Settings
-from bot.context import SERVICES, TURNS, BotContext, runtime_data
-from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, consume_queue, \
-    journal_source
+from bot.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
+from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
 from bot.ratelimit import BotRateLimiter
 from bot.replies import quietly
-from bot.services import Services, start_services
+from bot.services import Services, naming_database_path, start_services
+from bot.webhook import WebhookServer
 from db import InstanceLock
 
 log = logging.getLogger(__name__)
@@ -108,6 +106,7 @@ def register_handlers(application: Application) -> None:
     application.add_handler(CommandHandler("tools", handlers.tools, filters=typed))
     for name, callback in commands.items():
         application.add_handler(CommandHandler(name, callback, filters=typed))
+    application.add_handler(MessageHandler(new & filters.StatusUpdate.MIGRATE, handlers.on_migrate))
     application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
     application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
     application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,
@@ -156,8 +155,9 @@ async def serve(application: Application, settings: Settings, stop: asyncio.Even
     waits INSTANCE_LOCK_WAIT_SECONDS for it (a rolling restart) and then gives up with `DatabaseInUse`.
     """
     lock = InstanceLock(settings.database_path)
-    if not await lock.acquire(settings.instance_lock_wait_seconds, stop):
-        return  # stopped while waiting for the other process
+    with naming_database_path():
+        if not await lock.acquire(settings.instance_lock_wait_seconds, stop):
+            return  # stopped while waiting for the other process
     try:
         await application.initialize()
         try:
@@ -178,37 +178,40 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
                         poll_timeout: float) -> None:
     services: Services = application.bot_data[SERVICES]
     journal = UpdateJournal(services.db, journal_source(application.bot.id, settings))
-    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS])
+    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS],
+                            resend_after=settings.answer_resend_seconds)
     await journal.claim_legacy()
     await journal.report_foreign()
     await journal.prune()
+    await application.bot_data[PROGRESS].clean_up(application.bot)  # left on screen by a killed process
     await dispatcher.replay()
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)
     stopping = asyncio.create_task(stop.wait())
+    # The database file deleted or replaced under us (db/file_watch.py): stop rather than write to a ghost.
+    watch = asyncio.create_task(services.db.file.watch(settings.database_check_seconds), name="database-watch")
     try:
-        await asyncio.wait([intake.task, stopping], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([intake.task, stopping, watch], return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
+        watch.cancel()
         await intake.close()
         await dispatcher.finish(settings.shutdown_grace_seconds)
-    if intake.task.done() and not intake.task.cancelled() and intake.task.exception():
-        raise intake.task.exception()  # e.g. InvalidToken: `qwenbot run` reports it in one line
+    for task in (watch, intake.task):
+        if task.done() and not task.cancelled() and task.exception():
+            raise task.exception()  # e.g. InvalidToken, DatabaseGone: `qwenbot run` reports it in one line
 
 
 class _Intake:
-    """Where updates come from (the poller, or the webhook server's queue), and how to stop it."""
+    """Where updates come from (the poller, or the webhook server), as a task to watch and cancel."""
 
-    def __init__(self, task: asyncio.Task, updater: Updater | None = None):
+    def __init__(self, task: asyncio.Task):
         self.task = task
-        self.updater = updater
 
     async def close(self) -> None:
-        if self.updater is not None and self.updater.running:
-            await self.updater.stop()
+        # Cancelling stops fetching (or closes the webhook server); the bot's HTTP client stays open for the
+        # handlers still sending answers: `Application.shutdown` closes it once they are done.
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
-        # Not `updater.shutdown()`: it would shut the bot's HTTP client while handlers still send answers;
-        # `Application.shutdown` does that once they are done.
 
 
 async def _start_intake(application: Application, settings: Settings, dispatcher: Dispatcher,
@@ -216,15 +219,15 @@ async def _start_intake(application: Application, settings: Settings, dispatcher
     if not settings.webhook_url:
         poller = Poller(application.bot, dispatcher, timeout=poll_timeout)
         return _Intake(asyncio.create_task(poller.run(), name="poller"))
-    # Our own queue, not the application's: updates reach handlers only through the journal.
-    updater = Updater(application.bot, asyncio.Queue())
-    await updater.initialize()
-    await updater.start_webhook(
-        listen=settings.webhook_listen, port=settings.webhook_port,
-        url_path=urlparse(settings.webhook_url).path.lstrip("/"), webhook_url=settings.webhook_url,
-        allowed_updates=ALLOWED_UPDATES, drop_pending_updates=False,
-        secret_token=settings.webhook_secret_token or secrets.token_urlsafe(32))
-    return _Intake(asyncio.create_task(consume_queue(updater.update_queue, dispatcher), name="webhook"), updater)
+
+    async def accept(update: Update) -> None:
+        await dispatcher.accept([update])
+
+    server = WebhookServer(application.bot, accept, url=settings.webhook_url, listen=settings.webhook_listen,
+                           port=settings.webhook_port,
+                           secret=settings.webhook_secret_token or secrets.token_urlsafe(32),
+                           max_body_bytes=settings.webhook_max_body_bytes, allowed_updates=ALLOWED_UPDATES)
+    return _Intake(asyncio.create_task(server.run(), name="webhook"))
 
 
 def run(settings: Settings) -> None:

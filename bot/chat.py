@@ -22,8 +22,14 @@ def session_for(message: Message) -> Session:
     """The history a message belongs to: its chat, or its forum topic; tool settings are per chat."""
     chat = message.chat
     topic = topic_of(message)
-    session_id = f"tg:{chat.id}" if topic is None else f"tg:{chat.id}:{topic}"
-    return Session(session_id, f"tg:{chat.id}", chat.type, chat.title or chat.full_name or "", chat.id)
+    key = chat_key(chat.id)
+    session_id = key if topic is None else f"{key}:{topic}"
+    return Session(session_id, key, chat.type, chat.title or chat.full_name or "", chat.id)
+
+
+def chat_key(chat_id: int) -> str:
+    """A Telegram chat's key: its history's session id (a topic adds `:<topic>`) and its tool settings' scope."""
+    return f"tg:{chat_id}"
 
 
 def topic_of(message: Message) -> int | None:

@@ -15,11 +15,11 @@ from typing import Awaitable, Callable, Sequence
 from agent.memory import Session
 from agent.traces import render_trace
 from bot.config import ConfigError, Settings
-from bot.logs import add_secrets, configure_logging
+from bot.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.mcp_reports import added_text, servers_text
-from bot.services import mcp_hub, start_services
+from bot.services import mcp_hub, open_settings_database, start_services
 from bot.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
-from db import BotError, Database, open_database
+from db import BotError, Database
 from tools import build_registry
 from tools.errors import McpConfigError
 from tools.mcp import McpHub
@@ -79,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(settings.log_level, secrets=[settings.telegram_bot_token, settings.openai_api_key])
         return COMMANDS[args.command](settings, args)
     except USER_ERRORS as error:
-        print(f"qwenbot: {error}", file=sys.stderr)
+        # A token pasted into the wrong variable may be part of the message (a path, say): never show it.
+        print(f"qwenbot: {redact_token_shapes(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -93,7 +94,7 @@ def run_async(job: Callable[[], Awaitable[int]]) -> int:
 def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     """Create or upgrade the database; print each migration applied, or that there was nothing to do."""
     async def job() -> int:
-        db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+        db = await open_settings_database(settings)
         await db.close()
         log.info("database %s", db.path)
         for name in db.applied:
@@ -141,7 +142,7 @@ def with_mcp(settings: Settings, job: Callable[[Database, McpHub], Awaitable[int
     unless the job asks to)."""
     async def run() -> int:
         config = read_config(settings.mcp_config_path)  # a broken file stops here, before the database opens
-        db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+        db = await open_settings_database(settings)
         hub = mcp_hub(settings, db, build_registry(db, settings.tool_timeout_seconds), config)
         try:
             await hub.start(connect=False)

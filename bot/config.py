@@ -15,6 +15,8 @@ from dotenv import load_dotenv
 
 from agent.llm.base import MODEL_DTYPES
 from agent.loop import AgentLimits
+from bot.ids import IdError, parse_chat_id, parse_user_id
+from bot.logs import redact_token_shapes
 from bot.paths import default_data_dir, dotenv_file, moved_database, under
 from db.errors import BotError
 from tools.mcp import McpLimits
@@ -43,11 +45,13 @@ class Settings:
     webhook_listen: str = "127.0.0.1"
     webhook_port: int = 8443
     webhook_secret_token: str = ""
+    webhook_max_body_bytes: int = 1_048_576
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
     data_dir: Path = field(default_factory=default_data_dir)
     database_path: Path = Path("bot.sqlite3")
     database_busy_timeout_seconds: float = 10.0
+    database_check_seconds: float = 2.0
     instance_lock_wait_seconds: float = 30.0
     llm_backend: str = "local"
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
@@ -88,6 +92,8 @@ class Settings:
     stream_interval_seconds: float = 1.0
     group_stream_interval_seconds: float = 3.0
     shutdown_grace_seconds: float = 10.0
+    send_patience_seconds: float = 30.0
+    answer_resend_seconds: float = 60.0
     mcp_config_path: str = ""
     mcp_connect_timeout_seconds: float = McpLimits.connect_timeout_seconds
     mcp_retry_seconds: float = McpLimits.retry_seconds
@@ -101,7 +107,7 @@ class Settings:
         """Make every path absolute against DATA_DIR, so no path depends on the folder `qwenbot` runs in."""
         data_dir = self.data_dir.expanduser()
         if not data_dir.is_absolute():
-            raise ConfigError(f"DATA_DIR must be an absolute path, got {str(self.data_dir)!r}")
+            raise ConfigError(f"DATA_DIR must be an absolute path, got {shown(str(self.data_dir))}")
         object.__setattr__(self, "data_dir", data_dir)
         if (old := moved_database(data_dir, self.database_path)) is not None:
             raise ConfigError(f"DATABASE_PATH is now relative to DATA_DIR ({data_dir}), so {self.database_path} "
@@ -139,12 +145,14 @@ class Settings:
             raise ConfigError(f"WEBHOOK_PORT must be at most 65535, got {self.webhook_port}")
         for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
                      "observation_max_chars", "webhook_port", "max_pending_questions", "max_question_chars",
-                     "mcp_max_tools_per_server", "mcp_description_max_chars"):
+                     "webhook_max_body_bytes", "mcp_max_tools_per_server",
+                     "mcp_description_max_chars"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_connect_timeout_seconds",
                      "openai_first_token_seconds", "openai_silence_seconds", "openai_startup_seconds",
                      "typing_interval_seconds", "stream_interval_seconds", "group_stream_interval_seconds",
-                     "doctor_timeout_seconds", "mcp_connect_timeout_seconds"):
+                     "doctor_timeout_seconds", "database_check_seconds", "send_patience_seconds",
+                     "answer_resend_seconds", "mcp_connect_timeout_seconds"):
             _positive(name.upper(), getattr(self, name))
         for name in ("scripted_delay_seconds", "scripted_token_seconds", "refusal_interval_seconds",
                      "instance_lock_wait_seconds", "mcp_retry_seconds"):
@@ -172,36 +180,55 @@ def _refuse_retired(environ: Mapping[str, str]) -> None:
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:
+    if name in _ID_PARSERS:
+        return _id_set(name, raw, _ID_PARSERS[name])
     parser = _PARSERS.get(type_name.replace(" ", ""))
     if parser is None:
         return raw
     try:
         return parser(raw)
     except ValueError:
-        raise ConfigError(f"{name.upper()} must be {_DESCRIPTIONS[type_name.replace(' ', '')]}, got {raw!r}") from None
+        raise ConfigError(f"{name.upper()} must be {_DESCRIPTIONS[type_name.replace(' ', '')]}, "
+                          f"got {shown(raw)}") from None
 
 
-def _id_set(raw: str) -> frozenset[int]:
-    return frozenset(int(part) for part in raw.replace(";", ",").split(",") if part.strip())
+def _id_set(name: str, raw: str, parse_one: Callable[[str], int]) -> frozenset[int]:
+    """Ids separated by commas (or semicolons), each read by the parser /allow uses (bot/ids.py)."""
+    try:
+        return frozenset(parse_one(part.strip()) for part in raw.replace(";", ",").split(",") if part.strip())
+    except IdError as error:
+        raise ConfigError(f"{name.upper()} must be a comma-separated list of numeric ids: "
+                          f"{redact_token_shapes(str(error))}") from None
 
 
+def shown(value: str) -> str:
+    """A bad value as an error message quotes it: never anything shaped like a bot token (a token pasted into
+    the wrong variable is still a secret), and never more than a line's worth."""
+    value = redact_token_shapes(value)
+    return repr(value if len(value) <= SHOWN_CHARS else value[:SHOWN_CHARS] + "…")
+
+
+SHOWN_CHARS = 60
+_ID_PARSERS: dict[str, Callable[[str], int]] = {
+    "admin_user_ids": parse_user_id,
+    "allowed_user_ids": parse_user_id,
+    "allowed_chat_ids": parse_chat_id,
+}
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "int": int,
     "float": float,
     "Path": Path,
-    "frozenset[int]": _id_set,
 }
 _DESCRIPTIONS = {
     "int": "a whole number",
     "float": "a number",
     "Path": "a path",
-    "frozenset[int]": "a comma-separated list of numeric ids",
 }
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {shown(value)}")
 
 
 def _positive(name: str, value: float) -> None:

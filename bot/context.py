@@ -12,6 +12,7 @@ from telegram.ext import CallbackContext, ExtBot
 
 from bot.access import AccessControl
 from bot.config import Settings
+from bot.progress import ProgressLedger
 from bot.refusals import RefusalLog
 from bot.streaming import DraftSupport
 from bot.turns import TurnScheduler
@@ -25,6 +26,7 @@ TURNS = "turns"
 SETTINGS = "settings"
 REFUSALS = "refusals"
 DRAFTS = "drafts"
+PROGRESS = "progress"
 
 
 class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
@@ -46,6 +48,11 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
         return self.bot_data[ACCESS]
 
     @property
+    def progress(self) -> ProgressLedger:
+        """The progress messages on screen (bot/progress.py)."""
+        return self.bot_data[PROGRESS]
+
+    @property
     def turns(self) -> TurnScheduler:
         """Where each question waits for its turn."""
         return self.bot_data[TURNS]
@@ -65,4 +72,4 @@ def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
     """The `bot_data` entries `post_init` installs."""
     return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
             TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.refusal_interval_seconds),
-            DRAFTS: DraftSupport()}
+            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db)}

@@ -24,6 +24,7 @@ from agent.errors import LLMError, ModelLoadError
 from bot.config import ConfigError, Settings
 from bot.logs import configure_logging
 from bot.paths import dotenv_file
+from db.files import make_private_folders
 from db.migrate import MIGRATIONS_FOLDER, discover
 from tools.calculator import CALCULATOR
 
@@ -76,7 +77,7 @@ def check_settings(settings: Settings) -> Check:
 def check_data_dir(settings: Settings) -> Check:
     """The data directory exists (or can be made) and this user can write in it."""
     try:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private_folders(settings.data_dir)  # 0700, as the database would make it
         with tempfile.NamedTemporaryFile(dir=settings.data_dir, prefix=".doctor-"):
             pass
     except OSError as error:

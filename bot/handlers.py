@@ -15,6 +15,8 @@ from bot.context import BotContext
 from bot.i18n import text
 from bot.questions import addressed_question, answer_question
 from bot.replies import quietly, tools_text, trace_text
+from bot.supergroups import carry_over
+from db import DatabaseGone
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,18 @@ async def unknown_command(update: Update, context: BotContext) -> None:
     await help_command(update, context)
 
 
+# --- service messages ------------------------------------------------------------------------------------------
+
+async def on_migrate(update: Update, context: BotContext) -> None:
+    """A group became a supergroup: carry its access, history and tool settings over to the new id."""
+    message = update.effective_message
+    if message.migrate_to_chat_id:  # said in the old group
+        old_id, new_id = message.chat_id, message.migrate_to_chat_id
+    else:  # said in the new supergroup
+        old_id, new_id = message.migrate_from_chat_id, message.chat_id
+    await carry_over(context.services.db, context.access, old_id, new_id)
+
+
 # --- errors ----------------------------------------------------------------------------------------------------
 
 async def on_error(update: object, context: BotContext) -> None:
@@ -98,7 +112,10 @@ async def on_error(update: object, context: BotContext) -> None:
     if isinstance(context.error, Forbidden):
         log.info("update %s: the user blocked the bot or left the chat", getattr(update, "update_id", "?"))
         return
-    log.error("handling update %s failed", getattr(update, "update_id", "?"), exc_info=context.error)
+    if isinstance(context.error, DatabaseGone):  # the bot is stopping for it: one line, no traceback
+        log.error("update %s not handled: %s", getattr(update, "update_id", "?"), context.error)
+    else:
+        log.error("handling update %s failed", getattr(update, "update_id", "?"), exc_info=context.error)
     if not isinstance(update, Update) or update.effective_message is None:
         return
     message = update.effective_message

@@ -6,7 +6,7 @@ After a crash or a shutdown that interrupted turns, the unhandled updates are ha
 update Telegram sends twice is recognised by its id (and a turn already stored is not stored twice: the agent's
 `source_key`). Ids are unique only for one bot at one Bot API server, so each row carries its source (the bot id
 and TELEGRAM_BASE_URL): another server's ids starting again at 1 are new updates, and what is skipped is logged.
-Webhook updates go through the same journal.
+Webhook updates go through the same journal (bot/webhook.py).
 
 Each update is handled in its own task, started in update order, so handlers can take their place in line
 (bot/turns.py) in the order the updates came; other chats go on in parallel and `/help` never waits for a turn.
@@ -24,10 +24,11 @@ from telegram import Bot, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.ext import Application
 
+from agent.unicode import clean_text, has_surrogates
 from bot.config import Settings
 from bot.replies import quietly, retry_after_seconds
-from bot.turns import TurnScheduler
-from db import Database
+from bot.turns import UNDELIVERED, TurnScheduler
+from db import Database, DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ KEEP_HANDLED_DAYS = 3  # Telegram redelivers unconfirmed updates for 24 hours: k
 PRUNE_EVERY = 1000  # handled updates between two prunings of the journal
 BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
 FINISH_BOUND_SECONDS = 10  # after cancelling, how long cancelled turns get to wind down
+RESEND_AFTER_SECONDS = 60.0  # default of ANSWER_RESEND_SECONDS
 
 
 def journal_source(bot_id: int, settings: Settings) -> str:
@@ -76,12 +78,13 @@ class UpdateJournal:
                                     "WHERE source = ? AND update_id BETWEEN ? AND ?",
                                     (self.source, min(ids), max(ids))) as cursor:
                 seen = {row[0]: row[1] for row in await cursor.fetchall()}
-            fresh = list({u.update_id: u for u in updates if u.update_id not in seen}.values())
+            fresh = [readable(update) for update in
+                     {u.update_id: u for u in updates if u.update_id not in seen}.values()]
             await conn.executemany(
                 "INSERT OR IGNORE INTO telegram_updates (source, update_id, payload) VALUES (?, ?, ?)",
-                [(self.source, update.update_id, update.to_json()) for update in fresh])
+                [(self.source, update.update_id, payload) for update, payload in fresh])
         _log_skipped([u for u in updates if u.update_id in seen], seen)
-        return fresh
+        return [update for update, _ in fresh]
 
     async def mark_handled(self, update_id: int) -> None:
         """Record that the update's handler ended."""
@@ -144,14 +147,36 @@ def _identity(update: dict) -> tuple:
     return (message.get("chat", {}).get("id"), message.get("message_id"), message.get("date"))
 
 
-class Dispatcher:
-    """Runs each journaled update through the application in its own task, and records when it is handled."""
+def readable(update: Update) -> tuple[Update, str]:
+    """The update as handlers may take it, and its JSON for the journal: UTF-8 text as written (not `\\uXXXX`
+    escapes, which take twice the room for Chinese), with any lone surrogate replaced (agent/unicode.py), since
+    neither SQLite nor a Bot API call can encode one."""
+    payload = json.dumps(update.to_dict(), ensure_ascii=False)
+    if not has_surrogates(payload):
+        return update, payload
+    payload = clean_text(payload)  # surrogates only occur inside JSON strings, so the JSON stays valid
+    try:
+        bot: Bot | None = update.get_bot()
+    except RuntimeError:  # an update built without a bot (tests)
+        bot = None
+    return Update.de_json(json.loads(payload), bot), payload
 
-    def __init__(self, application: Application, journal: UpdateJournal, turns: TurnScheduler):
+
+class Dispatcher:
+    """Runs each journaled update through the application in its own task, and records when it is handled.
+
+    An update whose answer Telegram did not take (bot/questions.py `deliver`) stays unhandled and is handled again
+    `resend_after` seconds later: its turn is stored, so the answer comes from the store, not from the model.
+    """
+
+    def __init__(self, application: Application, journal: UpdateJournal, turns: TurnScheduler, *,
+                 resend_after: float = RESEND_AFTER_SECONDS):
         self.application = application
         self.journal = journal
         self.turns = turns
+        self.resend_after = resend_after
         self.tasks: dict[int, asyncio.Task] = {}
+        self.resends: dict[int, asyncio.Task] = {}  # undelivered answers waiting to be sent again
         self.handled = 0
 
     async def accept(self, updates: Sequence[Update]) -> None:
@@ -161,7 +186,8 @@ class Dispatcher:
 
     async def replay(self) -> int:
         """Start handling what an earlier run left unhandled; how many."""
-        pending = [u for u in await self.journal.unhandled(self.application.bot) if u.update_id not in self.tasks]
+        pending = [u for u in await self.journal.unhandled(self.application.bot)
+                   if u.update_id not in self.tasks and u.update_id not in self.resends]
         for update in pending:
             self._start(update)
         if pending:
@@ -177,11 +203,26 @@ class Dispatcher:
             await self.application.process_update(update)
         finally:
             try:
-                if not self.turns.kept_for_restart(update.update_id):
+                kept = self.turns.take_kept(update.update_id)
+                if kept is None:
                     await self._mark_handled(update.update_id)
+                elif kept == UNDELIVERED and not self.turns.closing:
+                    self._resend_later(update)
             finally:
                 # Only now: `finish` waits for what is in `tasks`, and the database must outlive the marking.
                 self.tasks.pop(update.update_id, None)
+
+    def _resend_later(self, update: Update) -> None:
+        log.info("update %s: sending its stored answer again in %g s", update.update_id, self.resend_after)
+        self.resends[update.update_id] = asyncio.create_task(self._resend(update), name=f"resend:{update.update_id}")
+
+    async def _resend(self, update: Update) -> None:
+        try:
+            await asyncio.sleep(self.resend_after)
+        finally:
+            self.resends.pop(update.update_id, None)
+        if not self.turns.closing:
+            self._start(update)
 
     async def _mark_handled(self, update_id: int) -> None:
         self.handled += 1
@@ -189,12 +230,17 @@ class Dispatcher:
             await self.journal.mark_handled(update_id)
             if self.handled % PRUNE_EVERY == 0:
                 await self.journal.prune()
-        except Exception:  # the database is gone or locked: the update is handled again after a restart
+        except DatabaseError as error:  # busy, or gone: the update is handled again after a restart
+            log.warning("could not mark update %s handled: %s", update_id, error)
+        except Exception:
             log.warning("could not mark update %s handled", update_id, exc_info=True)
 
     async def finish(self, grace_seconds: float) -> None:
-        """Let running handlers end within `grace_seconds`; then cancel the turns left and wait for them."""
+        """Let running handlers end within `grace_seconds`; then cancel the turns left and wait for them. Answers
+        waiting to be sent again stay unhandled in the journal: the next start sends them."""
         self.turns.closing = True
+        for task in list(self.resends.values()):
+            task.cancel()
         await _wait(list(self.tasks.values()), grace_seconds)
         if self.tasks:
             stopped = self.turns.cancel_all()
@@ -270,14 +316,3 @@ class Poller:
         self._failures += 1
         log.warning("getting updates failed (%s); retrying in %g s", error, pause)
         await asyncio.sleep(pause)
-
-
-async def consume_queue(queue: "asyncio.Queue[object]", dispatcher: Dispatcher) -> None:
-    """Webhook mode: journal and dispatch each update the webhook server puts in `queue`."""
-    while True:
-        update = await queue.get()
-        if isinstance(update, Update):
-            try:
-                await dispatcher.accept([update])
-            except Exception:
-                log.error("could not journal update %s", update.update_id, exc_info=True)

@@ -21,6 +21,11 @@ REDACTED = "[REDACTED]"
 _REDACTORS: list["RedactSecrets"] = []  # every installed filter, so secrets met at run time reach them all
 
 
+def redact_token_shapes(text: str) -> str:
+    """`text` with anything shaped like a bot token replaced: for messages that show a value someone typed."""
+    return _TOKEN_SHAPE.sub(REDACTED, text)
+
+
 class RedactSecrets(logging.Filter):
     """Replace each secret (and anything shaped like a bot token) in a record's final text."""
 
@@ -37,7 +42,7 @@ class RedactSecrets(logging.Filter):
         """`text` with every secret replaced."""
         for secret in self.secrets:
             text = text.replace(secret, REDACTED)
-        return _MCP_ADD.sub(rf"\1 {REDACTED}", _TOKEN_SHAPE.sub(REDACTED, text))
+        return _MCP_ADD.sub(rf"\1 {REDACTED}", redact_token_shapes(text))
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

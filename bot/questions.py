@@ -102,7 +102,7 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
     feedback = TurnFeedback(context.bot, message.chat_id, placeholder=text("thinking", lang),
                             reply_to=message.message_id, thread_id=topic_of(message),
                             typing_every=context.settings.typing_interval_seconds,
-                            progress_after=context.settings.progress_after_seconds)
+                            progress_after=context.settings.progress_after_seconds, ledger=context.progress)
     stream = answer_stream(context, message)
     try:
         try:
@@ -125,7 +125,8 @@ def answer_stream(context: BotContext, message: Message) -> AnswerStream:
     target = StreamTarget(message.chat_id, reply_to=message.message_id, thread_id=topic_of(message),
                           draft_id=None if group else message.message_id)
     interval = context.settings.group_stream_interval_seconds if group else context.settings.stream_interval_seconds
-    return AnswerStream(context.bot, target, interval=interval, drafts=context.drafts)
+    return AnswerStream(context.bot, target, interval=interval, drafts=context.drafts,
+                        patience=context.settings.send_patience_seconds)
 
 
 def turn_events(feedback: TurnFeedback, stream: AnswerStream) -> EventSink:
@@ -140,14 +141,16 @@ def turn_events(feedback: TurnFeedback, stream: AnswerStream) -> EventSink:
 
 
 async def deliver(context: BotContext, stream: AnswerStream, answer: str, slot: TurnSlot) -> None:
-    """Send the answer; if Telegram stays unreachable past the send's patience, leave the update for a restart."""
+    """Send the answer; if Telegram refuses it for longer than SEND_PATIENCE_SECONDS, have it sent again."""
     try:
         await stream.finish(answer)
-    except (NetworkError, RetryAfter):
-        # The turn is stored already: left unhandled in the journal, its update is answered from the store after
-        # the next start (bot/intake.py) instead of being lost. The error handler still logs the failure.
-        context.turns.keep_for_restart(slot)
-        raise
+    except (NetworkError, RetryAfter) as error:
+        # The turn is stored already: its update stays unhandled in the journal and is handled again, answered
+        # from the store, after ANSWER_RESEND_SECONDS (or after a restart): bot/intake.py. No apology: the answer
+        # itself is on its way.
+        log.warning("the answer to update %s was not delivered (%s); it will be sent again", slot.update_id, error)
+        context.turns.keep_undelivered(slot)
+        return
     slot.answered = True
 
 

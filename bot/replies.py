@@ -20,7 +20,9 @@ from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, Tele
 from agent.memory import StoredTurn
 from agent.steps import TOOL_KINDS
 from agent.traces import render_trace, shorten
+from agent.unicode import clean_text
 from bot.i18n import text
+from bot.progress import ProgressLedger
 from tools.registry import Tool
 
 log = logging.getLogger(__name__)
@@ -28,8 +30,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_MESSAGE = MessageLimit.MAX_TEXT_LENGTH  # 4096, counted by Telegram in UTF-16 code units
-# How long an answer keeps trying through flood waits and network failures: Telegram's 502s and dropped
-# connections come in bursts of seconds, and an answer given up on is an answer lost (its turn is stored already).
+# How long a reply keeps trying through flood waits and network failures: Telegram's 502s and dropped connections
+# come in bursts of seconds. An answer uses SEND_PATIENCE_SECONDS from the settings (and is sent again from the
+# store later if even that runs out: bot/intake.py); other replies use this default.
 SEND_PATIENCE_SECONDS = 30.0
 PROGRESS_PATIENCE_SECONDS = 2.0  # a progress message is not worth holding the turn up for
 RETRY_PAUSES_SECONDS = (0.5, 1, 2, 4, 8)  # then every 8 s
@@ -102,12 +105,13 @@ def _inline_html(segment: str) -> str:
 # --- sending ---------------------------------------------------------------------------------------------------
 
 async def send_text(bot: Bot, chat_id: int, text: str, *, reply_to: int | None = None,
-                    thread_id: int | None = None) -> list[Message]:
-    """Send `text` split to Telegram's limit, the first piece replying to `reply_to`; returns what was sent."""
+                    thread_id: int | None = None, patience: float | None = None) -> list[Message]:
+    """Send `text` split to Telegram's limit, the first piece replying to `reply_to`; returns what was sent.
+    Each piece retries for `patience` seconds (see `send_chunk`)."""
     sent = []
-    for index, chunk in enumerate(split_message(text) or ["…"]):
+    for index, chunk in enumerate(split_message(clean_text(text)) or ["…"]):
         sent.append(await send_chunk(bot, chat_id, chunk, reply_to=reply_to if index == 0 else None,
-                                     thread_id=thread_id))
+                                     thread_id=thread_id, patience=patience))
     return sent
 
 
@@ -118,6 +122,7 @@ async def send_chunk(bot: Bot, chat_id: int, chunk: str, *, reply_to: int | None
     Failures are retried for `patience` seconds (default SEND_PATIENCE_SECONDS).
     """
     reply = ReplyParameters(reply_to, allow_sending_without_reply=True) if reply_to else None
+    chunk = clean_text(chunk)  # a lone surrogate cannot be encoded into the request
 
     async def send(body: str, parse_mode: str | None) -> Message:
         return await bot.send_message(chat_id, body, parse_mode=parse_mode, reply_parameters=reply,
@@ -135,6 +140,8 @@ async def send_chunk(bot: Bot, chat_id: int, chunk: str, *, reply_to: int | None
 async def edit_chunk(message: Message, chunk: str, *, patience: float | None = None) -> None:
     """Change a sent message to `chunk`, formatted as `send_chunk` formats it (plain text when Telegram refuses the
     formatting); an edit that changes nothing counts as done."""
+    chunk = clean_text(chunk)  # a lone surrogate cannot be encoded into the request
+
     async def edit(body: str, parse_mode: str | None) -> None:
         try:
             await message.edit_text(body, parse_mode=parse_mode)
@@ -157,6 +164,8 @@ async def send_draft(bot: Bot, chat_id: int, draft_id: int, chunk: str, *, threa
                      patience: float | None = None) -> None:
     """Show `chunk` as the chat's draft `draft_id` (Bot API sendMessageDraft: private chats only), formatted as
     `send_chunk` formats it. A refusal (a server without drafts, a chat that cannot have one) is raised."""
+    chunk = clean_text(chunk)  # a lone surrogate cannot be encoded into the request
+
     async def draft(body: str, parse_mode: str | None) -> None:
         await bot.send_message_draft(chat_id, draft_id, body, message_thread_id=thread_id, parse_mode=parse_mode)
 
@@ -225,12 +234,15 @@ class TurnFeedback:
 
     Use as `async with TurnFeedback(...) as feedback:` and call `feedback.show(step)` when a step starts (it only
     notes the step: the feedback's own task edits the message). After the answer is sent, `remove()` deletes the
-    progress message.
+    progress message. With a `ledger` (bot/progress.py), the progress message is listed in the database while it is
+    on screen, so a killed process's is deleted at the next start.
     """
 
     def __init__(self, bot: Bot, chat_id: int, *, placeholder: str, reply_to: int | None = None,
-                 thread_id: int | None = None, typing_every: float = 4.0, progress_after: float = 2.0):
+                 thread_id: int | None = None, typing_every: float = 4.0, progress_after: float = 2.0,
+                 ledger: ProgressLedger | None = None):
         self.bot = bot
+        self.ledger = ledger
         self.chat_id = chat_id
         self.reply_to = reply_to
         self.thread_id = thread_id
@@ -264,10 +276,12 @@ class TurnFeedback:
             self._task = None
 
     async def remove(self) -> None:
-        """Delete the progress message, if one was sent."""
+        """Delete the progress message, if one was sent (still listed if that failed: the next start retries)."""
         async with self._lock:
             if self.progress is not None:
-                await quietly(self.progress.delete(), "deleting the progress message")
+                deleted = await quietly(self.progress.delete(), "deleting the progress message")
+                if deleted and self.ledger is not None and self.progress is not _NO_MESSAGE:
+                    await self.ledger.forget(self.chat_id, self.progress.message_id)
                 self.progress = None
 
     async def _run(self) -> None:
@@ -299,8 +313,10 @@ class TurnFeedback:
                 # A failed progress message is not retried: the answer matters, the progress does not.
                 if self.progress is None:
                     self.progress = _NO_MESSAGE
+                elif self.ledger is not None:
+                    await self.ledger.remember(self.chat_id, self.progress.message_id)
             elif self.progress is not _NO_MESSAGE:
-                await quietly(self.progress.edit_text(text), "editing the progress message")
+                await quietly(self.progress.edit_text(clean_text(text)), "editing the progress message")
             self._shown = text
 
 

@@ -7,7 +7,9 @@ The Telegram application keeps the services in `bot_data`; the terminal commands
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 from agent.llm import LLM
 from agent.loop import Agent, AgentLimits
@@ -15,7 +17,7 @@ from agent.memory import Memory
 from agent.tokens import qwen_token_counter
 from bot.config import Settings
 from bot.logs import add_secrets
-from db import Database, open_database
+from db import Database, DatabaseOpenError, open_database
 from tools import build_registry
 from tools.courses import CourseCatalog
 from tools.mcp import McpHub, McpLimits
@@ -49,11 +51,28 @@ class Services:
             await self.db.close()
 
 
+async def open_settings_database(settings: Settings) -> Database:
+    """The database at DATABASE_PATH; a path that cannot be used is reported naming the variable."""
+    with naming_database_path():
+        return await open_database(settings.database_path,
+                                   busy_timeout_seconds=settings.database_busy_timeout_seconds)
+
+
+@contextmanager
+def naming_database_path() -> Iterator[None]:
+    """A database path that cannot be used (not creatable, a folder, not SQLite) is reported naming DATABASE_PATH:
+    db/ knows paths, not the settings they come from."""
+    try:
+        yield
+    except DatabaseOpenError as error:
+        raise DatabaseOpenError(f"{error}; check DATABASE_PATH") from error
+
+
 async def start_services(settings: Settings, llm: LLM | None = None) -> Services:
     """Open the database, start the model (`llm`, or the configured backend), build the agent; MCP servers connect
     in the background (their last known tools are registered at once)."""
     mcp_config = read_config(settings.mcp_config_path)  # a broken file stops the start, before anything opens
-    db = await open_database(settings.database_path, busy_timeout_seconds=settings.database_busy_timeout_seconds)
+    db = await open_settings_database(settings)
     log.info("database %s", db.path)
     try:
         llm = llm or build_llm(settings)

@@ -54,10 +54,12 @@ class AnswerStream:
     Use as `async with AnswerStream(...) as stream:`; leaving the block stops the updates, nothing more.
     """
 
-    def __init__(self, bot: Bot, target: StreamTarget, *, interval: float, drafts: DraftSupport):
+    def __init__(self, bot: Bot, target: StreamTarget, *, interval: float, drafts: DraftSupport,
+                 patience: float | None = None):
         self.bot = bot
         self.target = target
         self.interval = interval
+        self.patience = patience  # of the final answer (None: send_chunk's default); updates have a short one
         self.drafts = drafts
         self.use_drafts = target.draft_id is not None and drafts.available
         self.messages: list[Message] = []  # real messages showing the answer so far, one per piece
@@ -192,15 +194,15 @@ class AnswerStream:
             if self.shown[index] == piece:
                 return
             try:
-                await edit_chunk(self.messages[index], piece)
+                await edit_chunk(self.messages[index], piece, patience=self.patience)
                 self.shown[index] = piece
                 return
             except BadRequest as error:  # the message is gone (deleted by someone): send the piece anew
                 log.info("the streamed message cannot be edited (%s); sending the answer anew", error.message)
-            self.messages[index] = await self._send(index, piece, None)
+            self.messages[index] = await self._send(index, piece, self.patience)
             self.shown[index] = piece
             return
-        self.messages.append(await self._send(index, piece, None))
+        self.messages.append(await self._send(index, piece, self.patience))
         self.shown.append(piece)
 
     async def _send(self, index: int, piece: str, patience: float | None) -> Message:

@@ -23,6 +23,10 @@ BY_USER = "user"
 BY_SHUTDOWN = "shutdown"
 BY_TIMEOUT = "timeout"
 
+# Why an update is left unhandled in the journal, to be handled again.
+INTERRUPTED = "interrupted"  # shutdown stopped its turn: after the restart
+UNDELIVERED = "undelivered"  # its answer is stored but Telegram did not take it: soon, from the store
+
 
 @dataclass(eq=False)
 class TurnSlot:
@@ -66,9 +70,9 @@ class TurnScheduler:
         self._pending: dict[int, int] = {}  # user → slots waiting or running
         self._told: dict[int, set[str]] = {}  # user → notices given during the current wait
         self.closing = False
-        # Updates whose turn shutdown stopped before it answered, or whose answer Telegram never took: the journal
-        # keeps them unhandled, to be handled again after a restart. Only this class writes or reads the set.
-        self._kept_for_restart: set[int] = set()
+        # Updates whose turn shutdown stopped before it answered (INTERRUPTED), or whose answer Telegram never took
+        # (UNDELIVERED): the journal keeps them unhandled, to be handled again. Only this class writes or reads it.
+        self._kept: dict[int, str] = {}
 
     def reserve(self, session_id: str, user_id: int, update_id: int | None = None) -> TurnSlot:
         """Take the next place in line for `session_id` and `user_id` (synchronous: call before any await)."""
@@ -134,11 +138,20 @@ class TurnScheduler:
     def keep_for_restart(self, slot: TurnSlot) -> None:
         """Leave the slot's update unhandled in the journal, to be handled again after a restart."""
         if slot.update_id is not None:
-            self._kept_for_restart.add(slot.update_id)
+            self._kept.setdefault(slot.update_id, INTERRUPTED)
+
+    def keep_undelivered(self, slot: TurnSlot) -> None:
+        """Leave the slot's update unhandled: its stored answer is to be sent again (bot/intake.py)."""
+        if slot.update_id is not None:
+            self._kept[slot.update_id] = UNDELIVERED
 
     def kept_for_restart(self, update_id: int) -> bool:
-        """Whether the update's turn was interrupted (shutdown, or Telegram never took the answer)."""
-        return update_id in self._kept_for_restart
+        """Whether the update is left to be handled again (its turn interrupted, or its answer undelivered)."""
+        return update_id in self._kept
+
+    def take_kept(self, update_id: int) -> str | None:
+        """Why the update is left unhandled (INTERRUPTED, UNDELIVERED), or None; forgets it (the handler ended)."""
+        return self._kept.pop(update_id, None)
 
     def cancel(self, session_id: str, user_id: int | None = None) -> int:
         """Cancel the waiting and running turns of a session (only `user_id`'s, when given); how many."""

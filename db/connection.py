@@ -9,6 +9,7 @@ the dozens of turns a burst of questions finishes at once.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any, AsyncIterator, Iterable
 import aiosqlite
 
 from db.errors import DatabaseBusy, DatabaseOpenError, is_busy
+from db.file_watch import FileWatch
+from db.files import create_private
 from db.migrate import MIGRATIONS_FOLDER, apply_migrations
 from db.write_lock import WriteLock
 
@@ -28,6 +31,7 @@ class Database:
         self.conn = conn
         self.path = path
         self.applied: list[str] = []
+        self.file = FileWatch(path)
         self._write_lock = WriteLock()
 
     @asynccontextmanager
@@ -39,6 +43,7 @@ class Database:
             await self._execute_or_busy("BEGIN IMMEDIATE")
             try:
                 yield self.conn
+                self.file.check()  # a commit to a deleted file would be lost: roll back and say so instead
                 await self._execute_or_busy("COMMIT")
             except BaseException:
                 if self.conn.in_transaction:
@@ -74,7 +79,7 @@ async def open_database(path: str | Path, *, busy_timeout_seconds: float = 10.0,
     """Open (creating folders as needed) and migrate the database at `path`."""
     path = Path(path)
     if str(path) != ":memory:":
-        path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(create_private, path)
     # Probe with plain sqlite3 first: when aiosqlite.connect itself fails, its worker thread can outlive the
     # event loop and print a traceback of its own.
     try:

@@ -11,7 +11,8 @@ and the Telegram handlers turn the ones a turn can meet into a short apology.
     │   ├── MigrationError           a migration file failed and was rolled back
     │   ├── DatabaseBusy             another process held the write lock past the busy timeout
     │   │                            (also a sqlite3.OperationalError)
-    │   └── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
+    │   ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
+    │   └── DatabaseGone             the file was deleted or replaced while the process had it open
     ├── ToolError                    a tool refuses its input; the model reads it (tools/errors.py)
     │   ├── UnknownTool              no tool of that name (also a KeyError)
     │   ├── CalculationError
@@ -51,6 +52,10 @@ class MigrationError(DatabaseError, RuntimeError):
 
 class DatabaseBusy(DatabaseError, sqlite3.OperationalError):
     """Another connection held the lock past the busy timeout; the transaction wrote nothing."""
+
+
+class DatabaseGone(DatabaseError):
+    """The database file was deleted or replaced while open: nothing written from then on would be kept."""
 
 
 def is_busy(error: sqlite3.Error) -> bool:

@@ -17,7 +17,8 @@ import logging
 import os
 from pathlib import Path
 
-from db.errors import DatabaseInUse
+from db.errors import DatabaseInUse, DatabaseOpenError
+from db.files import make_private_folders
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,12 @@ class InstanceLock:
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free (without waiting); write our pid into the file."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            make_private_folders(self.path.parent)  # the database's folder, when the lock comes first
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as error:
+            raise DatabaseOpenError(f"cannot open the database {self.database_path}: cannot create "
+                                    f"{error.filename or self.path}: {error.strerror or error}") from error
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

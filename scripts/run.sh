@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-[ -f .env ] || { cp .env.example .env; echo "created .env from .env.example: put your TELEGRAM_BOT_TOKEN in it" >&2; }
+# .env will hold the bot's token: readable by its owner only (umask 077 makes the copy 0600).
+[ -f .env ] || { (umask 077 && cp .env.example .env); echo "created .env from .env.example: put your TELEGRAM_BOT_TOKEN in it" >&2; }
 
 suggest_doctor() {
   echo "run.sh: that failed; '.venv/bin/qwenbot doctor' checks settings, token, database and model, and says what to fix" >&2

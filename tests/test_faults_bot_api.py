@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 
-from bot import replies
 from tests.fakes.telegram_bot import ALICE, BOB, final, private_chat, start_bot, telegram_server
 from tests.fakes.telegram_server import ApiCall, FakeTelegramServer
 
@@ -152,26 +151,27 @@ async def test_a_send_whose_answer_is_lost_is_sent_again_the_documented_at_least
 
 
 async def test_failures_in_one_chat_do_not_hold_up_another(start_bot, telegram_server):
-    telegram_server.fail("sendMessage", status=502, for_seconds=2, when=lambda p: p["chat_id"] == ALICE.id)
+    # Alice's chat fails until Bob is answered: Bob's answer comes while Alice's is still being retried, however
+    # slow the machine (an outage of a fixed length could end before a loaded machine got to either).
+    outage = telegram_server.fail("sendMessage", status=502, times=-1, when=lambda p: p["chat_id"] == ALICE.id)
     bot = await start_bot([final("for alice"), final("for bob")], allowed_user_ids=frozenset({ALICE.id, BOB.id}))
     telegram_server.send_text(CHAT, ALICE, "question")
-    await telegram_server.wait_for(lambda: telegram_server.calls_to("sendMessage", ok=False))
-    started = time.monotonic()
+    await telegram_server.wait_for(lambda: telegram_server.calls_to("sendMessage", ok=False), 10)
 
     assert await bot.ask(private_chat(BOB), BOB, "question") == "for bob"
-    assert time.monotonic() - started < 1
-    assert await bot.answers(ALICE.id, 1, timeout=10) == ["for alice"]
+    assert telegram_server.sent_texts(ALICE.id) == []  # still failing: Bob did not wait for it
+    outage.stop()
+    assert await bot.answers(ALICE.id, 1, timeout=20) == ["for alice"]
     await answered_once(telegram_server, BOB.id, ["for bob"])
 
 
-async def test_an_answer_telegram_never_takes_is_sent_from_the_store_after_a_restart(start_bot, telegram_server,
-                                                                                       monkeypatch):
-    monkeypatch.setattr(replies, "SEND_PATIENCE_SECONDS", 1.0)  # instead of waiting out 30 s of outage
+async def test_an_answer_telegram_never_takes_is_sent_from_the_store_after_a_restart(start_bot, telegram_server):
     outage = telegram_server.fail("sendMessage", status=502, times=-1)
-    first = await start_bot([final("stored answer")])
+    # 1 s of patience instead of 30; the resend while running (tests/test_holes_delivery.py) is not due before the stop
+    first = await start_bot([final("stored answer")], send_patience_seconds=1.0, answer_resend_seconds=3600)
     telegram_server.send_text(CHAT, ALICE, "question")
     await telegram_server.wait_for(lambda: not first.application.bot_data["turns"].active and
-                                   len(telegram_server.calls_to("sendMessage")) >= 4, 10, "the sends to give up")
+                                   len(telegram_server.calls_to("sendMessage")) >= 2, 10, "the sends to give up")
     await first.stop()
     assert telegram_server.sent_texts(ALICE.id) == []
     assert await first.query("SELECT update_id FROM telegram_updates WHERE handled_at IS NULL") == [(1,)]

@@ -51,14 +51,17 @@ def test_values_are_parsed_to_their_types():
 
 @pytest.mark.parametrize("raw, expected", [
     ("1, 2,3", {1, 2, 3}),
-    ("-1001234567890", {-1001234567890}),
+    ("1001234567890", {1001234567890}),
     ("7;8", {7, 8}),
     ("5,6,", {5, 6}),
     ("42", {42}),
 ])
 def test_id_lists_are_parsed(raw, expected):
-    settings = Settings.from_env({"ADMIN_USER_IDS": raw, "ALLOWED_USER_IDS": raw, "ALLOWED_CHAT_IDS": raw})
-    assert settings.admin_user_ids == settings.allowed_user_ids == settings.allowed_chat_ids == frozenset(expected)
+    # Users are positive, groups negative (tests/test_holes_settings.py has the refusals).
+    chats = ",".join(f"-{part.strip()}" if part.strip() else "" for part in raw.replace(";", ",").split(","))
+    settings = Settings.from_env({"ADMIN_USER_IDS": raw, "ALLOWED_USER_IDS": raw, "ALLOWED_CHAT_IDS": chats})
+    assert settings.admin_user_ids == settings.allowed_user_ids == frozenset(expected)
+    assert settings.allowed_chat_ids == frozenset(-i for i in expected)
 
 
 def test_empty_or_blank_values_mean_the_default():

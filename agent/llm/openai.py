@@ -33,6 +33,7 @@ from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink, ToolCall, trim_at_stop
 from agent.llm.openai_stream import StreamedReply, StreamLimits
 from agent.tokens import TokenCounter, estimate_tokens
+from agent.unicode import clean_json, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,7 @@ class OpenAILLM(LLM):
             request["stop"] = list(stop)
         if tools:
             request["tools"] = list(tools)
+        request = clean_json(request)  # a lone surrogate would fail the request body's UTF-8 encoding
         reply = await self._read_stream(request, cancel, on_text)
         return self._completion(reply, request["messages"], stop)
 
@@ -235,14 +237,15 @@ class OpenAILLM(LLM):
             # llama.cpp's Python server ends a stream this way when a newer request interrupts it.
             raise LLMError(f"model server at {self.url} ended the answer before it was finished")
         # Servers trim at `stop` themselves; trimming again covers those that ignore some stop strings.
-        text, stopped = trim_at_stop(reply.text, stop)
+        # A JSON `\\ud800` escape from the server decodes to a lone surrogate, which nothing downstream can encode.
+        text, stopped = trim_at_stop(clean_text(reply.text), stop)
         usage = reply.usage
         return Completion(
             text=text,
             prompt_tokens=usage.prompt_tokens if usage else sum(self._count(str(m.get("content") or "")) for m in sent),
             completion_tokens=usage.completion_tokens if usage else self._count(text),
             finish_reason="length" if reply.finish_reason == "length" and not stopped else "stop",
-            tool_calls=tuple(ToolCall(name=name, arguments=arguments, id=call_id)
+            tool_calls=tuple(ToolCall(name=clean_text(name), arguments=clean_text(arguments), id=call_id)
                              for call_id, name, arguments in reply.calls()),
         )
 

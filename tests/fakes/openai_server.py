@@ -328,7 +328,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.fake._record(RecordedRequest(self.command, self.path, headers, body, time.monotonic()))
 
     def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        data = json_bytes(payload)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -336,6 +336,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
+
+
+def json_bytes(payload: Any) -> bytes:
+    """JSON as UTF-8; a string holding a lone surrogate goes out as a `\\ud800` escape, as JSON allows (UTF-8
+    has no byte form for it)."""
+    try:
+        return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(payload).encode("ascii")
 
 
 def _error_body(status: int, message: str) -> dict[str, Any]:

@@ -34,6 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qsl
 
+from tests.fakes.openai_server import json_bytes
+
 TOKEN = "123456:TEST-token-for-the-fake-server"
 MAX_TEXT = 4096
 # Form fields PTB sends JSON-encoded; everything else (text, parse_mode, action...) is a plain string.
@@ -637,7 +639,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.connection.close()
 
     def _send(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        data = json_bytes(payload)
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
