@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from agent.conversations import Conversation, arguments_key, start_conversation
@@ -50,6 +51,8 @@ class TurnState:
     tools: list[Tool]
     cancel: CancelToken
     on_event: EventSink | None
+    session: Session
+    user_id: int | None = None
     steps: list[Step] = field(default_factory=list)
     seen: dict[str, str] = field(default_factory=dict)
     model_calls: int = 0
@@ -106,7 +109,8 @@ class Agent:
         """
         started, started_at = time.perf_counter(), utc_now()
         question = clean_text(question)  # e.g. undecodable bytes of a command line: SQLite could not store them
-        state = TurnState(await self.tool_settings.enabled_tools(session.chat_key), cancel or CancelToken(), on_event)
+        tools = await self.tool_settings.enabled_tools(session.chat_key)
+        state = TurnState(tools, cancel or CancelToken(), on_event, session, user_id)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
         conversation = start_conversation(self.limits.mode, history, question, state.tools)
         # The record's result is a placeholder until the turn ends, one way or the other.
@@ -201,8 +205,14 @@ class Agent:
     async def _call_tool(self, request: ToolRequest, state: TurnState) -> tuple[str, str | None]:
         allowed = [tool.name for tool in state.tools]
         result = await self.registry.call(request.tool, request.arguments if request.arguments is not None else {},
-                                          allowed=allowed)
+                                          allowed=allowed, before_run=partial(self._audit, state))
         return truncate(result.output, self.limits.observation_max_chars), result.error
+
+    async def _audit(self, state: TurnState, tool: Tool, arguments: dict[str, Any]) -> None:
+        """A tool that may change data is audited with its arguments before every call."""
+        if not tool.read_only:
+            await self.tool_settings.audit_call(tool, arguments, state.user_id, state.session.chat_id,
+                                                state.session.chat_key)
 
     async def _store_failure(self, session: Session, record: TurnRecord, state: TurnState, started: float,
                              error: BaseException) -> None:

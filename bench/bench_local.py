@@ -274,14 +274,14 @@ def verdicts(rows: list[dict[str, Any]], chats_levels: Sequence[int]) -> list[st
         row = medians.get((ours, chats))
         if row and row.get("prompt_tokens_sent") and row.get("prompt_tokens_computed") is not None:
             share = row["prompt_tokens_computed"] / row["prompt_tokens_sent"]
-            lines.append(_line(f"{chats} chats: prompt tokens computed {share:.0%} of those sent (need <= 25%)",
+            lines.append(_line(f"{_chats(chats)}: prompt tokens computed {share:.0%} of those sent (need <= 25%)",
                                share <= 0.25))
         if row and row.get("first_token_p50_s") is not None:
             limit = row["step_s"] + 1
-            lines.append(_line(f"{chats} chats: first token p50 {row['first_token_p50_s']:.2f} s, a batch step "
+            lines.append(_line(f"{_chats(chats)}: first token p50 {row['first_token_p50_s']:.2f} s, a batch step "
                                f"{row['step_s']:.3f} s (need <= step + 1 s)", row["first_token_p50_s"] <= limit))
         if row and row.get("loop_lag_p99_ms") is not None:
-            lines.append(_line(f"{chats} chats: event-loop lag p99 {row['loop_lag_p99_ms']:.1f} ms (need < 20)",
+            lines.append(_line(f"{_chats(chats)}: event-loop lag p99 {row['loop_lag_p99_ms']:.1f} ms (need < 20)",
                                row["loop_lag_p99_ms"] < 20))
     second = next((row for row in rows if row["mode"] == "local start: converted copy"), None)
     if second:
@@ -295,16 +295,20 @@ def _against(medians: dict[tuple[str, int], dict[str, Any]], ours: str, server: 
     lines = []
     mine, theirs = medians.get((ours, low)), medians.get((server, low))
     if mine and theirs:
-        lines.append(_line(f"{low} chat(s): our turn p50 {mine['turn_p50_s']:.2f} s vs {server} "
+        lines.append(_line(f"{_chats(low)}: our turn p50 {mine['turn_p50_s']:.2f} s vs {server} "
                            f"{theirs['turn_p50_s']:.2f} s (need <=)", mine["turn_p50_s"] <= theirs["turn_p50_s"]))
     mine, theirs = medians.get((ours, high)), medians.get((server, high))
     if mine and theirs and high != low:
         ratio = mine["tokens_per_s"] / theirs["tokens_per_s"]
-        lines.append(_line(f"{high} chats: our {mine['tokens_per_s']:.1f} tokens/s = {ratio:.2f}x {server}'s "
+        lines.append(_line(f"{_chats(high)}: our {mine['tokens_per_s']:.1f} tokens/s = {ratio:.2f}x {server}'s "
                            f"{theirs['tokens_per_s']:.1f} (need >= 2x)", ratio >= 2))
-        lines.append(_line(f"{high} chats: our turn p95 {mine['turn_p95_s']:.2f} s vs {server} "
+        lines.append(_line(f"{_chats(high)}: our turn p95 {mine['turn_p95_s']:.2f} s vs {server} "
                            f"{theirs['turn_p95_s']:.2f} s (need lower)", mine["turn_p95_s"] < theirs["turn_p95_s"]))
     return lines
+
+
+def _chats(count: int) -> str:
+    return f"{count} chat" if count == 1 else f"{count} chats"
 
 
 def _line(text: str, ok: bool) -> str:

@@ -14,11 +14,15 @@ from bot.chat import reply, reply_or_refuse, session_for
 from bot.ids import IdError, parse_id, refuse_service_account
 from bot.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
 from tools.courses import FIELDS, FIELD_LABELS
-from tools.errors import CourseError, UnknownTool
+from tools.errors import ConfirmationNeeded, CourseError, UnknownTool
+from tools.registry import BUILT_IN, Tool
 from tools.settings import GLOBAL
 
+CONFIRM = "destructive"  # the word that enables a tool which may change data
+
 USAGE = {
-    "tool_on": "/tool_on NAME [global]: enable a tool in this chat (or everywhere)",
+    "tool_on": ("/tool_on NAME [global] [destructive]: enable a tool in this chat (or everywhere); a tool that may "
+                "change data needs the word destructive"),
     "tool_off": "/tool_off NAME [global]: disable a tool in this chat (or everywhere)",
     "course_add": "/course_add NAME LESSONS PER_WEEK HOURS (e.g. /course_add 强化学习实战 120 2 1.5)",
     "course_set": f"/course_set NAME FIELD VALUE, FIELD one of {', '.join(FIELDS)} (e.g. /course_set 大模型技术实战 lessons 210)",
@@ -71,21 +75,34 @@ async def tool_off(update: Update, context: BotContext) -> None:
 
 
 async def switch_tool(update: Update, context: BotContext, command: str, enabled: bool) -> None:
-    """Enable or disable a tool in this chat, or globally with the word `global`."""
+    """Enable or disable a tool in this chat, or globally with the word `global`; a tool that may change data is
+    enabled only with the word `destructive` too."""
     if not await admin_only(update, context):
         return
     args = arguments(update)
-    if len(args) not in (1, 2) or (len(args) == 2 and args[1].lower() != GLOBAL):
+    flags = [word.lower() for word in args[1:]]
+    if not args or len(set(flags)) != len(flags) or not set(flags) <= ({GLOBAL, CONFIRM} if enabled else {GLOBAL}):
         return await usage(update, command)
-    name, scope = args[0], GLOBAL if len(args) == 2 else session_for(update.effective_message).chat_key
+    name, scope = args[0], GLOBAL if GLOBAL in flags else session_for(update.effective_message).chat_key
     try:
-        await context.services.tool_settings.set_enabled(name, enabled, scope)
+        await context.services.tool_settings.set_enabled(name, enabled, scope, confirmed=CONFIRM in flags)
     except UnknownTool:
         known = ", ".join(context.services.registry.names)
         return await reply(update.effective_message, f"❌ No tool named {name!r}. Tools: {known}")
-    await record(update, context, command, f"{name} scope={scope}")
+    except ConfirmationNeeded as refusal:
+        return await reply(update.effective_message, confirmation_text(refusal.tool, scope == GLOBAL))
+    await record(update, context, command, f"{name} scope={scope}" + (f" {CONFIRM}" if CONFIRM in flags else ""))
     where = "everywhere (unless a chat sets its own)" if scope == GLOBAL else "in this chat"
     await reply(update.effective_message, f"✅ {name} is {'on' if enabled else 'off'} {where}.")
+
+
+def confirmation_text(tool: Tool, everywhere: bool) -> str:
+    """Why a tool that may change data stays off, and the command that enables it anyway."""
+    hint = "marks it destructive" if tool.destructive else "does not mark it read-only"
+    command = f"/tool_on {tool.name}{' global' if everywhere else ''} {CONFIRM}"
+    return (f"⚠️ {tool.name} stays off: it may change or delete data ({tool.source}: the server {hint}). The model "
+            f"would call it on its own, whenever a question seems to ask for it, and every call is audited. "
+            f"To enable it anyway: {command}")
 
 
 async def tools_all(update: Update, context: BotContext) -> None:
@@ -94,8 +111,14 @@ async def tools_all(update: Update, context: BotContext) -> None:
         return
     chat_key = session_for(update.effective_message).chat_key
     states = await context.services.tool_settings.states(chat_key)
-    lines = [f"{'✅' if s.enabled else '⛔'} {s.tool.name} — {s.tool.human_name} ({s.source})" for s in states]
+    lines = [f"{'✅' if s.enabled else '⛔'} {s.tool.name} — {s.tool.human_name} ({s.source}){_origin(s.tool)}"
+             for s in states]
     await reply(update.effective_message, "\n".join(["Tools in this chat (state source):", *lines]))
+
+
+def _origin(tool: Tool) -> str:
+    """Where a tool comes from and what it may do to data, for tools that are not built in."""
+    return "" if tool.source == BUILT_IN else f" · {tool.source}, {tool.access}"
 
 
 # --- courses ---------------------------------------------------------------------------------------------------

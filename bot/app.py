@@ -20,7 +20,7 @@ from telegram import BotCommand, BotCommandScopeChat, Update
 from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
 
 from agent.llm.base import LLM
-from bot import admin, handlers
+from bot import admin, admin_mcp, handlers
 from bot.config import Settings
 from bot.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
 from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
@@ -45,7 +45,7 @@ USER_COMMANDS = [
     ("tools", "tools enabled here", "本聊天可用的工具"),
 ]
 ADMIN_COMMANDS = [
-    ("tool_on", "NAME [global]: enable a tool"),
+    ("tool_on", "NAME [global] [destructive]: enable a tool"),
     ("tool_off", "NAME [global]: disable a tool"),
     ("courses", "list the courses"),
     ("course_add", "NAME LESSONS PER_WEEK HOURS"),
@@ -55,6 +55,10 @@ ADMIN_COMMANDS = [
     ("deny", "ID: take access away"),
     ("admins", "who has access"),
     ("stats", "[DAYS]: usage figures"),
+    ("mcp_list", "MCP servers and their tools"),
+    ("mcp_add", "NAME URL [Header=value]: connect an MCP server"),
+    ("mcp_refresh", "NAME: list a server's tools again"),
+    ("mcp_del", "NAME: remove an MCP server"),
 ]
 
 
@@ -94,6 +98,8 @@ def register_handlers(application: Application) -> None:
         "tool_on": admin.tool_on, "tool_off": admin.tool_off, "courses": admin.courses,
         "course_add": admin.course_add, "course_set": admin.course_set, "course_del": admin.course_del,
         "allow": admin.allow, "deny": admin.deny, "admins": admin.admins, "stats": admin.stats,
+        "mcp_add": admin_mcp.mcp_add, "mcp_list": admin_mcp.mcp_list, "mcp_del": admin_mcp.mcp_del,
+        "mcp_refresh": admin_mcp.mcp_refresh,
     }
     # `/tools all` (admins) before plain `/tools`: the first matching handler of a group wins.
     application.add_handler(CommandHandler("tools", admin.tools_all, filters=typed & filters.Regex(r"^\S+\s+all\s*$")))

@@ -1,4 +1,4 @@
-"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools, doctor.
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools, mcp, doctor.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -15,11 +15,15 @@ from typing import Awaitable, Callable, Sequence
 from agent.memory import Session
 from agent.traces import render_trace
 from bot.config import ConfigError, Settings
-from bot.logs import configure_logging, redact_token_shapes
-from bot.services import open_settings_database, start_services
+from bot.logs import add_secrets, configure_logging, redact_token_shapes
+from bot.mcp_reports import added_text, servers_text
+from bot.services import mcp_hub, open_settings_database, start_services
 from bot.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
-from db import BotError
+from db import BotError, Database
 from tools import build_registry
+from tools.errors import McpConfigError
+from tools.mcp import McpHub
+from tools.mcp_store import parse_headers, read_config, url_server
 from tools.settings import GLOBAL, ToolSettings
 
 log = logging.getLogger("qwenbot")
@@ -46,7 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--session", default="cli:chat", help="history session id (default: cli:chat)")
     commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
     chat.add_argument("--quiet", "-q", action="store_true", help="print only the answers")
+    add_mcp_parser(commands)
     return parser
+
+
+def add_mcp_parser(commands: argparse._SubParsersAction) -> None:
+    """`qwenbot mcp list|add|del`: the admin commands /mcp_list, /mcp_add, /mcp_del, for people at the server."""
+    mcp = commands.add_parser("mcp", help="MCP servers: list, add or delete them (as /mcp_list, /mcp_add, /mcp_del)")
+    actions = mcp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("list", help="the servers (config file and database) and their last listed tools")
+    add = actions.add_parser("add", help="connect a server over HTTP, list its tools (all off) and store it")
+    add.add_argument("name", help="its name; its tools are called NAME.tool")
+    add.add_argument("url", help="streamable HTTP endpoint (…/mcp), or an SSE one ending in /sse")
+    add.add_argument("headers", nargs="*", metavar="Header=value", help="HTTP headers sent with every request")
+    delete = actions.add_parser("del", help="forget a server, its tools and their settings")
+    delete.add_argument("name")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,18 +106,53 @@ def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def tools_command(settings: Settings, args: argparse.Namespace) -> int:
-    """Print every registered tool with its state (globally, or in one chat)."""
-    async def job() -> int:
-        db = await open_settings_database(settings)
-        try:
-            registry = build_registry(db, settings.tool_timeout_seconds)
-            for state in await ToolSettings(db, registry).states(args.chat):
-                mark = "on " if state.enabled else "off"
-                print(f"{mark}  {state.tool.name:<14} {state.tool.human_name} ({state.source})")
-        finally:
-            await db.close()
+    """Print every tool (MCP tools from their last listing) with its source, access and state."""
+    async def job(db: Database, hub: McpHub) -> int:
+        for state in await ToolSettings(db, hub.registry).states(args.chat):
+            tool = state.tool
+            mark = "on " if state.enabled else "off"
+            print(f"{mark}  {tool.name:<24} {tool.source:<14} {tool.access:<11} {tool.human_name} ({state.source})")
         return 0
-    return run_async(job)
+    return with_mcp(settings, job)
+
+
+def mcp_command(settings: Settings, args: argparse.Namespace) -> int:
+    """List, add or delete MCP servers; a running bot sees an added server at /mcp_refresh NAME or its restart."""
+    from bot.access import audit  # here: the other terminal commands do not need python-telegram-bot
+
+    async def job(db: Database, hub: McpHub) -> int:
+        if args.action == "list":
+            print(servers_text(hub))
+        elif args.action == "add":
+            spec = url_server(args.name, args.url, parse_headers(args.headers))
+            add_secrets(spec.headers.values())
+            listing = await hub.add(spec, added_by=None)
+            await audit(db, None, None, "mcp_add", f"{spec.name} {spec.where} (qwenbot mcp add)")
+            print(added_text(spec, listing))
+        else:
+            removed = await hub.remove(args.name)
+            await audit(db, None, None, "mcp_del", f"{args.name} (qwenbot mcp del)")
+            print(f"Removed {args.name}" + (f" and its tools ({', '.join(removed)})." if removed else "."))
+        return 0
+    return with_mcp(settings, job)
+
+
+def with_mcp(settings: Settings, job: Callable[[Database, McpHub], Awaitable[int]]) -> int:
+    """Run `job` on the database and an MCP hub holding every tool (MCP ones as last listed; nothing connects
+    unless the job asks to)."""
+    async def run() -> int:
+        config = read_config(settings.mcp_config_path)  # a broken file stops here, before the database opens
+        db = await open_settings_database(settings)
+        hub = mcp_hub(settings, db, build_registry(db, settings.tool_timeout_seconds), config)
+        try:
+            await hub.start(connect=False)
+            return await job(db, hub)
+        except KeyError as error:
+            raise McpConfigError(f"no MCP server named {error.args[0]!r} in the database") from None
+        finally:
+            await hub.close()
+            await db.close()
+    return run_async(run)
 
 
 def ask_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -157,6 +210,7 @@ def run_command(settings: Settings, args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "migrate": migrate_command,
     "tools": tools_command,
+    "mcp": mcp_command,
     "run": run_command,
     "ask": ask_command,
     "chat": chat_command,

@@ -19,6 +19,7 @@ from bot.ids import IdError, parse_chat_id, parse_user_id
 from bot.logs import redact_token_shapes
 from bot.paths import default_data_dir, dotenv_file, moved_database, under
 from db.errors import BotError
+from tools.mcp import McpLimits
 
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
@@ -93,6 +94,11 @@ class Settings:
     shutdown_grace_seconds: float = 10.0
     send_patience_seconds: float = 30.0
     answer_resend_seconds: float = 60.0
+    mcp_config_path: str = ""
+    mcp_connect_timeout_seconds: float = McpLimits.connect_timeout_seconds
+    mcp_retry_seconds: float = McpLimits.retry_seconds
+    mcp_max_tools_per_server: int = McpLimits.max_tools_per_server
+    mcp_description_max_chars: int = McpLimits.description_max_chars
     log_level: str = "INFO"
     doctor_min_free_disk_mb: int = 2000
     doctor_timeout_seconds: float = 10.0
@@ -108,6 +114,8 @@ class Settings:
                               f"no longer names your database {old}: set DATABASE_PATH={old.relative_to(data_dir)}")
         for name in ("database_path", "tokenizer_vocab_path", "model_cache_dir", "model_converted_dir"):
             object.__setattr__(self, name, under(data_dir, getattr(self, name)))
+        if self.mcp_config_path:  # empty: no file
+            object.__setattr__(self, "mcp_config_path", str(under(data_dir, Path(self.mcp_config_path))))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, dotenv: bool = True) -> "Settings":
@@ -137,16 +145,17 @@ class Settings:
             raise ConfigError(f"WEBHOOK_PORT must be at most 65535, got {self.webhook_port}")
         for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
                      "observation_max_chars", "webhook_port", "max_pending_questions", "max_question_chars",
-                     "webhook_max_body_bytes"):
+                     "webhook_max_body_bytes", "mcp_max_tools_per_server",
+                     "mcp_description_max_chars"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_connect_timeout_seconds",
                      "openai_first_token_seconds", "openai_silence_seconds", "openai_startup_seconds",
                      "typing_interval_seconds", "stream_interval_seconds", "group_stream_interval_seconds",
                      "doctor_timeout_seconds", "database_check_seconds", "send_patience_seconds",
-                     "answer_resend_seconds"):
+                     "answer_resend_seconds", "mcp_connect_timeout_seconds"):
             _positive(name.upper(), getattr(self, name))
         for name in ("scripted_delay_seconds", "scripted_token_seconds", "refusal_interval_seconds",
-                     "instance_lock_wait_seconds"):
+                     "instance_lock_wait_seconds", "mcp_retry_seconds"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name.upper()} must be 0 or more, got {getattr(self, name)}")
         if self.prefix_cache_mb < 0:

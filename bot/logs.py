@@ -1,7 +1,10 @@
 """Logging set-up: one format, quiet HTTP libraries, and secrets that never reach a log line.
 
 httpx logs every request URL at INFO, and a Bot API URL holds the bot token (`/bot<TOKEN>/getUpdates`), so
-the token is redacted from every record, whatever logger or exception text carries it.
+the token is redacted from every record, whatever logger or exception text carries it. MCP header values are
+secrets too: the ones the bot knows join the filter at run time (`add_secrets`), and an `/mcp_add` command, which
+carries them before anyone has read it (python-telegram-bot and aiosqlite log raw updates at DEBUG), loses
+everything after its URL.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from typing import Iterable
 
 # What a Telegram token looks like, for tokens that reach a log some other way than through Settings.
 _TOKEN_SHAPE = re.compile(r"\d{6,12}:[A-Za-z0-9_-]{30,}")
+# `/mcp_add NAME URL Header=value…`: the headers are whatever follows the URL.
+_MCP_ADD = re.compile(r"(/mcp_add(?:@\w+)?[ \t]+\S+[ \t]+[^\s\\\"']+)[^\n]*")
 REDACTED = "[REDACTED]"
+_REDACTORS: list["RedactSecrets"] = []  # every installed filter, so secrets met at run time reach them all
 
 
 def redact_token_shapes(text: str) -> str:
@@ -25,13 +31,18 @@ class RedactSecrets(logging.Filter):
 
     def __init__(self, secrets: Iterable[str] = ()):
         super().__init__()
-        self.secrets = sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
+        self.secrets: list[str] = []
+        self.add(secrets)
+
+    def add(self, secrets: Iterable[str]) -> None:
+        """Redact `secrets` too (values shorter than 6 characters are too common to replace)."""
+        self.secrets = sorted({*self.secrets, *(s for s in secrets if s and len(s) >= 6)}, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
         """`text` with every secret replaced."""
         for secret in self.secrets:
             text = text.replace(secret, REDACTED)
-        return redact_token_shapes(text)
+        return _MCP_ADD.sub(rf"\1 {REDACTED}", redact_token_shapes(text))
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -46,9 +57,24 @@ class RedactSecrets(logging.Filter):
 def configure_logging(level: str, secrets: Iterable[str] = ()) -> None:
     """Log to stderr at `level`, with secrets redacted on every handler."""
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    redactor = RedactSecrets(secrets)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(redactor)
-    # Request lines are noise at INFO and carry the token in their URL; warnings still show.
-    for noisy in ("httpx", "httpcore"):
+    redact_handlers(logging.getLogger().handlers, secrets)
+    # Request lines are noise at INFO and carry the token in their URL; warnings still show. (httpx2 is the MCP
+    # SDK's HTTP client.)
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def redact_handlers(handlers: Iterable[logging.Handler], secrets: Iterable[str] = ()) -> RedactSecrets:
+    """Put one secret-redacting filter on `handlers` (and remember it for `add_secrets`)."""
+    redactor = RedactSecrets(secrets)
+    _REDACTORS.append(redactor)
+    for handler in handlers:
+        handler.addFilter(redactor)
+    return redactor
+
+
+def add_secrets(secrets: Iterable[str]) -> None:
+    """Secrets learnt at run time (MCP header and environment values) join every installed filter."""
+    values = list(secrets)
+    for redactor in _REDACTORS:
+        redactor.add(values)

@@ -16,9 +16,12 @@ from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
 from agent.tokens import qwen_token_counter
 from bot.config import Settings
+from bot.logs import add_secrets
 from db import Database, DatabaseOpenError, open_database
 from tools import build_registry
 from tools.courses import CourseCatalog
+from tools.mcp import McpHub, McpLimits
+from tools.mcp_store import read_config
 from tools.registry import ToolRegistry
 from tools.settings import ToolSettings
 
@@ -37,10 +40,12 @@ class Services:
     memory: Memory
     catalog: CourseCatalog
     agent: Agent
+    mcp: McpHub
 
     async def close(self) -> None:
-        """Stop the model, then close the database."""
+        """Close the MCP connections, stop the model, then close the database."""
         try:
+            await self.mcp.close()
             await self.llm.close()
         finally:
             await self.db.close()
@@ -64,7 +69,9 @@ def naming_database_path() -> Iterator[None]:
 
 
 async def start_services(settings: Settings, llm: LLM | None = None) -> Services:
-    """Open the database, start the model (`llm`, or the configured backend), build the agent."""
+    """Open the database, start the model (`llm`, or the configured backend), build the agent; MCP servers connect
+    in the background (their last known tools are registered at once)."""
+    mcp_config = read_config(settings.mcp_config_path)  # a broken file stops the start, before anything opens
     db = await open_settings_database(settings)
     log.info("database %s", db.path)
     try:
@@ -76,10 +83,26 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
         raise
     catalog = CourseCatalog(db)
     registry = build_registry(db, settings.tool_timeout_seconds)
+    mcp = mcp_hub(settings, db, registry, mcp_config)
+    try:
+        await mcp.start()
+    except BaseException:
+        await llm.close()
+        await db.close()
+        raise
+    add_secrets(mcp.secrets())
     tool_settings = ToolSettings(db, registry)
     memory = Memory(db)
     agent = Agent(llm, registry, tool_settings, memory, agent_limits(settings))
-    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent)
+    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp)
+
+
+def mcp_hub(settings: Settings, db: Database, registry: ToolRegistry, config: list | None = None) -> McpHub:
+    """The MCP hub for `settings` (the config file read unless `config` is given), not started yet."""
+    limits = McpLimits(settings.mcp_connect_timeout_seconds, settings.mcp_retry_seconds,
+                       settings.mcp_max_tools_per_server, settings.mcp_description_max_chars)
+    return McpHub(db, registry, config=read_config(settings.mcp_config_path) if config is None else config,
+                  limits=limits)
 
 
 def agent_limits(settings: Settings) -> AgentLimits:

@@ -16,7 +16,11 @@ and the Telegram handlers turn the ones a turn can meet into a short apology.
     ├── ToolError                    a tool refuses its input; the model reads it (tools/errors.py)
     │   ├── UnknownTool              no tool of that name (also a KeyError)
     │   ├── CalculationError
-    │   └── CourseError
+    │   ├── CourseError
+    │   └── McpToolError             an MCP tool answered with an error, or its server refused the call
+    │       └── ServerUnavailable    the MCP server cannot be reached or hung up
+    ├── ConfirmationNeeded           enabling a tool that may change data needs the admin's flag (tools/errors.py)
+    ├── McpConfigError               an MCP server definition cannot be used (tools/errors.py)
     └── AgentError                   (agent/errors.py)
         └── LLMError                 a backend could not produce a completion
             ├── ModelLoadError

@@ -45,6 +45,8 @@ TABLES = {
     "sessions": "SELECT id FROM sessions ORDER BY id",
     "turns": "SELECT session_id, user_id, question, status FROM turns ORDER BY id",
     "messages": "SELECT session_id, role, content FROM messages ORDER BY id",
+    "mcp_servers": "SELECT name, transport, url, headers FROM mcp_servers ORDER BY name",
+    "mcp_tools": "SELECT server, name, input_schema FROM mcp_tools ORDER BY server, name",
     "schema": "SELECT type, name FROM sqlite_master ORDER BY name",
 }
 SEED_COURSES = [("大模型技术实战", 200, 3, 2.0), ("机器学习实战", 230, 2, 1.5), ("深度学习实战", 150, 1, 3.0),

@@ -54,6 +54,8 @@ ADMIN_EXAMPLES = {
     "courses": "/courses", "course_add": "/course_add 强化学习实战 120 2 1.5",
     "course_set": "/course_set 大模型技术实战 lessons 0", "course_del": "/course_del 大模型技术实战",
     "allow": f"/allow {BOB.id}", "deny": f"/deny {ALICE.id}", "admins": "/admins", "stats": "/stats 30",
+    "mcp_add": '/mcp_add wiki http://127.0.0.1:9/mcp "Authorization=Bearer x"', "mcp_list": "/mcp_list",
+    "mcp_del": "/mcp_del wiki", "mcp_refresh": "/mcp_refresh wiki",
 }
 ANONYMOUS_ADMIN = User(1087968824, "Group", username="GroupAnonymousBot", is_bot=True)  # Telegram's stand-in
 REFUSED = "⛔ This command is for admins only."
@@ -70,10 +72,11 @@ async def shared(tmp_path_factory: pytest.TempPathFactory):
 # --- admin commands ------------------------------------------------------------------------------------------
 
 def admin_commands(application: Any) -> set[str]:
-    """Every command whose handler lives in bot/admin.py, as registered (`tools all` for the /tools variant)."""
+    """Every command whose handler lives in bot/admin.py or bot/admin_*.py, as registered (`tools all` for the
+    /tools variant)."""
     found = set()
     for handler in application.handlers[0]:
-        if isinstance(handler, CommandHandler) and handler.callback.__module__ == "bot.admin":
+        if isinstance(handler, CommandHandler) and handler.callback.__module__.startswith("bot.admin"):
             suffix = " all" if "all" in str(handler.filters) else ""
             found |= {command + suffix for command in handler.commands}
     return found

@@ -3,17 +3,27 @@
     ToolError               a tool refuses its input; the message is written for whoever gave it
     ├── UnknownTool         no registered tool has that name (also a KeyError, for lookups)
     ├── CalculationError    not plain arithmetic, or too big to compute
-    └── CourseError         an invalid course change (empty name, negative lessons, unknown course)
+    ├── CourseError         an invalid course change (empty name, negative lessons, unknown course)
+    └── McpToolError        an MCP server's tool answered with an error, or changed its parameters
+        └── ServerUnavailable   the MCP server cannot be reached, hung up, or is waiting to be retried
 
-The registry turns a `ToolError` into an observation the model can act on (error kind `tool_error`);
-any other exception from a tool is logged as a bug and reported to the model as `exception`.
+    ConfirmationNeeded      enabling a tool that may change data needs the admin's explicit flag (not a tool failure)
+    McpConfigError          MCP_CONFIG_PATH or an admin's server definition cannot be used (not a tool failure)
+
+The registry turns a `ToolError` into an observation the model can act on (error kind: the class's `kind`,
+`tool_error` unless it says otherwise); any other exception from a tool is logged as a bug and reported to the
+model as `exception`.
 """
+
+from typing import Any
 
 from db.errors import BotError
 
 
 class ToolError(BotError, ValueError):
     """A tool refuses its input."""
+
+    kind = "tool_error"  # what the step records as its error
 
 
 class UnknownTool(ToolError, KeyError):
@@ -29,3 +39,25 @@ class CalculationError(ToolError):
 
 class CourseError(ToolError):
     """A course change the database refuses."""
+
+
+class McpToolError(ToolError):
+    """An MCP tool answered with an error (`isError`), or its server refused the call."""
+
+
+class ServerUnavailable(McpToolError):
+    """The MCP server cannot be reached, hung up mid-call, or failed recently and waits before the next try."""
+
+    kind = "unavailable"
+
+
+class ConfirmationNeeded(BotError, PermissionError):
+    """Enabling a tool that may change data takes the admin's explicit flag."""
+
+    def __init__(self, tool: Any):
+        super().__init__(f"{tool.name} is {tool.access}: it may change data")
+        self.tool = tool
+
+
+class McpConfigError(BotError, ValueError):
+    """An MCP server definition (the config file, or /mcp_add's arguments) cannot be used; the message says why."""

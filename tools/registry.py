@@ -22,6 +22,8 @@ from tools.errors import ToolError
 log = logging.getLogger(__name__)
 
 ToolFunction = Callable[..., Awaitable[str]]
+BeforeRun = Callable[["Tool", dict[str, Any]], Awaitable[None]]
+BUILT_IN = "built-in"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,14 @@ class Tool:
     function: ToolFunction
     progress: str = "🛠"  # shown to the user while the tool runs, e.g. "🔎 查询课程数据库"
     enabled_by_default: bool = True
+    source: str = BUILT_IN  # where the tool comes from: built-in, or "mcp:SERVER"
+    read_only: bool = True  # False: the tool may change data (enabling it takes an admin's explicit flag)
+    destructive: bool = False  # the server says it may delete or overwrite data (implies not read_only)
+
+    @property
+    def access(self) -> str:
+        """What the tool may do to data, in one word: read-only, writes, or destructive."""
+        return "read-only" if self.read_only else "destructive" if self.destructive else "writes"
 
     def __post_init__(self) -> None:
         Draft202012Validator.check_schema(self.parameters)
@@ -72,7 +82,7 @@ class ToolResult:
     tool: str
     arguments: Any
     output: str
-    error: str | None = None  # unknown_tool, invalid_arguments, tool_error, exception, timeout
+    error: str | None = None  # unknown_tool, invalid_arguments, tool_error, unavailable, exception, timeout
     duration_ms: int = 0
 
     @property
@@ -102,6 +112,17 @@ class ToolRegistry:
             raise ValueError(f"tool {tool.name!r} is registered twice")
         self.tools[tool.name] = tool
 
+    def replace_source(self, source: str, tools: Iterable[Tool]) -> None:
+        """Swap every tool from `source` (an MCP server's, after a new listing) for `tools`."""
+        for name in [t.name for t in self.tools.values() if t.source == source]:
+            del self.tools[name]
+        for tool in tools:
+            self.register(tool)
+
+    def from_source(self, source: str) -> list[Tool]:
+        """The tools that come from `source`, in registration order."""
+        return [tool for tool in self.tools.values() if tool.source == source]
+
     def __iter__(self) -> Iterator[Tool]:
         return iter(self.tools.values())
 
@@ -117,8 +138,10 @@ class ToolRegistry:
         """Tool names in registration order."""
         return list(self.tools)
 
-    async def call(self, name: str, arguments: Any, allowed: Iterable[str] | None = None) -> ToolResult:
-        """Run tool `name` with `arguments`; every failure comes back as a readable result, never raised."""
+    async def call(self, name: str, arguments: Any, allowed: Iterable[str] | None = None, *,
+                   before_run: BeforeRun | None = None) -> ToolResult:
+        """Run tool `name` with `arguments`; every failure comes back as a readable result, never raised.
+        `before_run` is awaited once the call is known to run (the tool exists, is allowed, arguments fit)."""
         started = time.perf_counter()
         allowed = None if allowed is None else list(allowed)  # a generator would be spent by the check
         tool = self.tools.get(name)
@@ -129,6 +152,8 @@ class ToolRegistry:
         problem = validation_problem(tool, arguments)
         if problem:
             return ToolResult(name, arguments, f"Error: invalid arguments for {name}: {problem}", "invalid_arguments")
+        if before_run is not None:
+            await before_run(tool, arguments)
         output, error = await self._run(tool, arguments)
         return ToolResult(name, arguments, output, error, int((time.perf_counter() - started) * 1000))
 
@@ -138,7 +163,7 @@ class ToolRegistry:
         except asyncio.TimeoutError:
             return f"Error: {tool.name} did not finish within {self.timeout_seconds:g} seconds.", "timeout"
         except ToolError as error:
-            return f"Error: {error}", "tool_error"
+            return f"Error: {error}", error.kind
         except Exception as error:  # the tool's failure is the model's observation, and our log line
             log.warning("tool %s failed: %r", tool.name, error, exc_info=True)
             return f"Error: {tool.name} failed: {type(error).__name__}: {error}", "exception"

@@ -1,14 +1,18 @@
-"""Which tools are enabled where, persisted in `tool_settings`.
+"""Which tools are enabled where, persisted in `tool_settings`; and the audit of calls to tools that change data.
 
-A chat's own setting wins over the global one, which wins over the tool's default.
+A chat's own setting wins over the global one, which wins over the tool's default. A tool that may change data
+(an MCP tool its server does not mark read-only) is enabled only with an explicit confirmation, and every call to
+it is written to the audit log with its arguments before it runs.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from db import Database
-from tools.errors import UnknownTool
+from tools.errors import ConfirmationNeeded, UnknownTool
 from tools.registry import Tool, ToolRegistry
 
 GLOBAL = "global"
@@ -49,13 +53,26 @@ class ToolSettings:
         """The tools the model may use in the chat `chat_key`."""
         return [state.tool for state in await self.states(chat_key) if state.enabled]
 
-    async def set_enabled(self, tool_name: str, enabled: bool, scope: str = GLOBAL) -> None:
-        """Turn a tool on or off for `scope` (a chat key, or GLOBAL); unknown names are refused."""
-        if tool_name not in self.registry:
+    async def set_enabled(self, tool_name: str, enabled: bool, scope: str = GLOBAL, *,
+                          confirmed: bool = False) -> None:
+        """Turn a tool on or off for `scope` (a chat key, or GLOBAL); unknown names are refused (UnknownTool), and
+        so is turning on a tool that may change data unless `confirmed` (ConfirmationNeeded)."""
+        tool = self.registry.get(tool_name)
+        if tool is None:
             raise UnknownTool(f"no tool named {tool_name!r}")
+        if enabled and not tool.read_only and not confirmed:
+            raise ConfirmationNeeded(tool)
         async with self.db.transaction() as conn:
             await conn.execute(
                 "INSERT INTO tool_settings (scope, tool_name, enabled) VALUES (?, ?, ?) "
                 "ON CONFLICT (scope, tool_name) DO UPDATE SET enabled = excluded.enabled, "
                 "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
                 (scope, tool_name, int(enabled)))
+
+    async def audit_call(self, tool: Tool, arguments: Any, user_id: int | None, chat_id: int | None,
+                         chat_key: str) -> None:
+        """Record a call to a tool that may change data, with its arguments, before it runs."""
+        detail = f"{tool.name} {json.dumps(arguments, ensure_ascii=False, sort_keys=True)} in {chat_key}"
+        async with self.db.transaction() as conn:
+            await conn.execute("INSERT INTO audit_log (user_id, chat_id, action, detail) VALUES (?, ?, ?, ?)",
+                               (user_id, chat_id, "tool_call", detail))
