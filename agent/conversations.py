@@ -2,13 +2,18 @@
 
 ReAct keeps the whole trace inside one assistant message that the backend continues (`Observation: …` then
 `Thought:`); native mode appends `tool` messages after the assistant's tool calls, as the chat template expects.
+Each request also carries the grammar of the reply it expects (agent/grammar.py), when the turn is constrained:
+the conversation knows where the trace stands (a fresh step, one after `Thought:`, the answer after
+`Final Answer:`), and whether a tool call is still required before the answer.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+from agent.grammar import Grammar, GrammarLimits, native_grammar, react_final_grammar, react_step_grammar
 from agent.llm.base import Completion, Message
 from agent.native import parse_native, strip_thinking
 from agent.prompts import REACT_STOP, STEP_LIMIT_NOTE, SYSTEM_MESSAGE, react_prompt
@@ -16,13 +21,33 @@ from agent.react import parse_react, segments
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
 from tools.registry import Tool
 
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What the next model call gets."""
+
+    messages: list[Message]
+    stop: tuple[str, ...] = ()
+    tools: list[dict[str, Any]] | None = None  # OpenAI-style specs (native mode)
+    grammar: Grammar | None = None  # what the reply must look like; None: unconstrained
+
+
+@dataclass(frozen=True)
+class TurnRules:
+    """How a turn is decoded: under a grammar (with these limits) or not, and whether it must call a tool first."""
+
+    grammar: GrammarLimits | None = None
+    tool_required: bool = False
+
+
 class Conversation(Protocol):
     """One turn's exchange with the model, in one mode."""
 
     mode: str
+    tool_required: bool  # a tool call must come before the final answer (cleared by the first call)
 
-    def request(self) -> tuple[list[Message], tuple[str, ...], list[dict[str, Any]] | None]:
-        """(messages, stop strings, tool specs) for the next model call."""
+    def request(self) -> ModelRequest:
+        """What the next model call gets."""
 
     def read(self, completion: Completion) -> list[ToolRequest] | Decision:
         """What the reply asks for."""
@@ -45,16 +70,28 @@ class ReactConversation:
 
     mode = "react"
 
-    def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool]):
+    def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool],
+                 rules: TurnRules = TurnRules()):
         self.tools = list(tools)
+        self.limits = rules.grammar if self.tools else None
+        self.tool_required = rules.tool_required and bool(self.tools)
         prompt = react_prompt(self.tools, question) if self.tools else question
         self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
                                         {"role": "user", "content": prompt}]
         self.trace = ""  # the assistant's text so far; the backend continues it
+        self.answer_requested = False
 
-    def request(self) -> tuple[list[Message], tuple[str, ...], None]:
+    def request(self) -> ModelRequest:
         continuing = [{"role": "assistant", "content": self.trace}] if self.trace else []
-        return self.messages + continuing, ((REACT_STOP,) if self.tools else ()), None
+        return ModelRequest(self.messages + continuing, (REACT_STOP,) if self.tools else (), None, self._grammar())
+
+    def _grammar(self) -> Grammar | None:
+        if self.limits is None:
+            return None
+        if self.answer_requested:
+            return react_final_grammar()
+        return react_step_grammar(self.tools, continuing=bool(self.trace), tool_required=self.tool_required,
+                                  limits=self.limits)
 
     def read(self, completion: Completion) -> list[ToolRequest] | Decision:
         if not self.tools:
@@ -64,12 +101,14 @@ class ReactConversation:
 
     def add_results(self, completion: Completion, results: Sequence[tuple[ToolRequest, str]]) -> None:
         request, observation = results[0]
+        self.tool_required = False
         self.trace += f"{request.trace_text}\n{REACT_STOP} {observation}\nThought:"
 
     def add_reminder(self, completion: Completion, reminder: str) -> None:
         self.trace += f"{completion.text.rstrip()}\n{REACT_STOP} {reminder}\nThought:"
 
     def add_final_request(self) -> None:
+        self.answer_requested = True
         self.trace += f"\n{REACT_STOP} {STEP_LIMIT_NOTE}\nThought: I now know the final answer\nFinal Answer:"
 
     def read_final(self, completion: Completion) -> str:
@@ -82,20 +121,27 @@ class NativeConversation:
 
     mode = "native"
 
-    def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool]):
+    def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool],
+                 rules: TurnRules = TurnRules()):
         self.tools = list(tools)
         self.offer_tools = bool(self.tools)
+        self.limits = rules.grammar
+        self.tool_required = rules.tool_required and bool(self.tools)
         self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
                                         {"role": "user", "content": question}]
 
-    def request(self) -> tuple[list[Message], tuple[str, ...], list[dict[str, Any]] | None]:
+    def request(self) -> ModelRequest:
         specs = [tool.openai_spec() for tool in self.tools] if self.offer_tools else None
-        return list(self.messages), (), specs
+        grammar = None
+        if specs and self.limits is not None:
+            grammar = native_grammar(self.tools, tool_required=self.tool_required, limits=self.limits)
+        return ModelRequest(list(self.messages), (), specs, grammar)
 
     def read(self, completion: Completion) -> list[ToolRequest] | Decision:
         return parse_native(completion, self.tools)
 
     def add_results(self, completion: Completion, results: Sequence[tuple[ToolRequest, str]]) -> None:
+        self.tool_required = False
         text, _ = strip_thinking(completion.text)
         content = text.split("<tool_call>")[0].strip()
         calls = [{"id": r.call_id or f"call_{i}", "type": "function",
@@ -125,10 +171,11 @@ def _plain_answer(text: str) -> Decision:
     return FinalAnswer("", answer) if answer else FormatProblem("the reply is empty")
 
 
-def start_conversation(mode: str, history: Sequence[Message], question: str, tools: Sequence[Tool]) -> Conversation:
+def start_conversation(mode: str, history: Sequence[Message], question: str, tools: Sequence[Tool],
+                       rules: TurnRules = TurnRules()) -> Conversation:
     """The conversation for `mode` ('react' or 'native')."""
     kind = NativeConversation if mode == "native" else ReactConversation
-    return kind(history, question, tools)
+    return kind(history, question, tools, rules)
 
 
 def arguments_key(tool: str, arguments: Any) -> str:

@@ -14,13 +14,15 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
-from agent.conversations import Conversation, arguments_key, start_conversation
+from agent.conversations import Conversation, TurnRules, arguments_key, start_conversation
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.grammar import GrammarLimits
 from agent.llm.base import LLM, CancelToken, Completion
 from agent.memory import Memory, Session, TurnRecord, utc_now
-from agent.prompts import REPEATED_CALL_NOTE, apology, format_reminder
+from agent.options import ChatOptions
+from agent.prompts import REPEATED_CALL_NOTE, TOOL_FIRST_PROBLEM, apology, format_reminder, tool_first_reminder
 from agent.steps import FinalAnswer, FormatProblem, Step, ToolRequest, TurnResult
-from tools.registry import Tool, ToolRegistry
+from tools.registry import Tool, ToolRegistry, tools_for_turn
 from tools.settings import ToolSettings
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ Progress = Callable[[str], Awaitable[None]]
 
 @dataclass(frozen=True)
 class AgentLimits:
-    """The agent's limits (from Settings)."""
+    """The agent's limits and decoding rules (from Settings)."""
 
     max_steps: int = 6
     max_new_tokens: int = 512
@@ -40,12 +42,19 @@ class AgentLimits:
     observation_max_chars: int = 2000
     turn_timeout_seconds: float = 180.0
     mode: str = "react"
+    # Decode every step under the grammar of the enabled tools (None: unconstrained).
+    grammar: GrammarLimits | None = GrammarLimits()
+    # The default of the first-step policy: a question naming a tool's subject must get a tool call before the
+    # final answer. A chat's own setting (agent/options.py) wins.
+    require_tool_call: bool = False
 
     @classmethod
     def from_settings(cls, settings: Any) -> "AgentLimits":
         """Read the limits from a `Settings`."""
+        grammar = GrammarLimits(settings.thought_max_tokens, settings.tool_string_max_chars)
         return cls(settings.max_steps, settings.max_new_tokens, settings.history_token_budget,
-                   settings.observation_max_chars, settings.turn_timeout_seconds, settings.agent_mode)
+                   settings.observation_max_chars, settings.turn_timeout_seconds, settings.agent_mode,
+                   grammar if settings.constrained_decoding else None, settings.require_tool_call)
 
 
 @dataclass
@@ -78,21 +87,24 @@ class Agent:
     """Answers questions with a model and tools, remembering each session's turns."""
 
     def __init__(self, llm: LLM, registry: ToolRegistry, tool_settings: ToolSettings, memory: Memory,
-                 limits: AgentLimits = AgentLimits()):
+                 limits: AgentLimits = AgentLimits(), options: ChatOptions | None = None):
         self.llm = llm
         self.registry = registry
         self.tool_settings = tool_settings
         self.memory = memory
         self.limits = limits
+        self.options = options
 
     async def run(self, session: Session, question: str, *, user_id: int | None = None,
                   source_key: str | None = None, on_progress: Progress | None = None,
                   cancel: CancelToken | None = None) -> TurnResult:
         """Answer `question` in `session`; store the finished turn; return the answer and its steps."""
         started, started_at = time.perf_counter(), utc_now()
-        state = TurnState(await self.tool_settings.enabled_tools(session.chat_key), cancel or CancelToken(), on_progress)
+        tools = await tools_for_turn(await self.tool_settings.enabled_tools(session.chat_key))
+        state = TurnState(tools, cancel or CancelToken(), on_progress)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
-        conversation = start_conversation(self.limits.mode, history, question, state.tools)
+        rules = TurnRules(self.limits.grammar, await self._tool_required(session, question, tools))
+        conversation = start_conversation(self.limits.mode, history, question, state.tools, rules)
         record = TurnRecord(question, state.result("", "", started), started_at, self.limits.mode, user_id, source_key)
         try:
             result = await self._run_bounded(conversation, state, question, started)
@@ -101,6 +113,13 @@ class Agent:
             raise
         turn_id = await self.memory.save_turn(session, replace(record, result=result))
         return replace(result, turn_id=turn_id)
+
+    async def _tool_required(self, session: Session, question: str, tools: list[Tool]) -> bool:
+        """The first-step policy: whether this question must get a tool call before its final answer."""
+        required = self.limits.require_tool_call
+        if self.options is not None:
+            required = await self.options.require_tool_call(session.chat_key, required)
+        return required and any(tool.named_in(question) for tool in tools)
 
     async def _run_bounded(self, conversation: Conversation, state: TurnState, question: str,
                            started: float) -> TurnResult:
@@ -115,6 +134,8 @@ class Agent:
         while state.model_calls < self.limits.max_steps:
             completion = await self._complete(conversation, state)
             decision = conversation.read(completion)
+            if isinstance(decision, FinalAnswer) and conversation.tool_required:
+                decision = FormatProblem(TOOL_FIRST_PROBLEM)
             if isinstance(decision, FinalAnswer):
                 state.record("final", thought=decision.thought, observation=decision.answer)
                 return state.result(decision.answer, "answered", started)
@@ -128,12 +149,17 @@ class Agent:
 
     def _on_format_problem(self, conversation: Conversation, state: TurnState, completion: Completion,
                            problem: FormatProblem, question: str) -> str | None:
-        """Remind the model of the format once; the second time, end the turn (return its answer)."""
+        """Remind the model of the format once; the second time, end the turn with an apology.
+
+        Never the reply itself: a reply that fits no format is rambling, not an answer, even when it reads like one.
+        """
         state.format_problems += 1
-        state.record("format_error", thought=completion.text[:500], error="parse", observation=problem.reason)
+        error = "tool_required" if problem.reason == TOOL_FIRST_PROBLEM else "parse"
+        state.record("format_error", thought=completion.text[:500], error=error, observation=problem.reason)
         if state.format_problems >= 2:
-            return problem.usable_text or apology(question, "format")
-        conversation.add_reminder(completion, format_reminder(state.tools))
+            return apology(question, "format")
+        reminder = tool_first_reminder(state.tools) if error == "tool_required" else format_reminder(state.tools)
+        conversation.add_reminder(completion, reminder)
         return None
 
     async def _final_at_limit(self, conversation: Conversation, state: TurnState, question: str,
@@ -148,9 +174,10 @@ class Agent:
     async def _complete(self, conversation: Conversation, state: TurnState) -> Completion:
         if state.cancel.cancelled:
             raise LLMCancelled("the turn was cancelled")
-        messages, stop, tools = conversation.request()
-        completion = await self.llm.complete(messages, stop=stop, max_new_tokens=self.limits.max_new_tokens,
-                                             tools=tools, cancel=state.cancel)
+        request = conversation.request()
+        completion = await self.llm.complete(request.messages, stop=request.stop,
+                                             max_new_tokens=self.limits.max_new_tokens, tools=request.tools,
+                                             cancel=state.cancel, grammar=request.grammar)
         state.model_calls += 1
         state.prompt_tokens += completion.prompt_tokens
         state.completion_tokens += completion.completion_tokens

@@ -44,6 +44,11 @@ FORMAT_REMINDER = (
     "Action: one of [{tool_names}]\nAction Input: a JSON object with the arguments\n"
     "or, if you know the answer, reply with\nThought: I now know the final answer\nFinal Answer: the answer"
 )
+TOOL_FIRST_PROBLEM = "the question is about a tool's subject: a tool must be called before the final answer"
+TOOL_FIRST_REMINDER = (
+    "Do not answer from memory: look it up first. Call a tool with\n"
+    "Action: one of [{tool_names}]\nAction Input: a JSON object with the arguments"
+)
 REPEATED_CALL_NOTE = (
     "(You already called {tool} with exactly these arguments; this is the same result as before. "
     "Do not call it again: use it, or give your Final Answer.)"
@@ -77,6 +82,11 @@ def format_reminder(tools: Sequence[Tool]) -> str:
     return FORMAT_REMINDER.format(tool_names=",".join(tool.name for tool in tools))
 
 
+def tool_first_reminder(tools: Sequence[Tool]) -> str:
+    """What the model is told when it answered before calling a tool the question required."""
+    return TOOL_FIRST_REMINDER.format(tool_names=",".join(tool.name for tool in tools))
+
+
 def is_chinese(text: str) -> bool:
     """Whether a question is written in Chinese (or another CJK script): apologies follow its language."""
     return bool(_CJK.search(text))
@@ -88,7 +98,9 @@ def apology(question: str, reason: str) -> str:
     texts = {
         "steps": ("抱歉，我在允许的步骤内没能得出答案。请换个说法或把问题拆小一点再问。",
                   "Sorry, I could not reach an answer within my step limit. Try rephrasing or splitting the question."),
-        "format": ("抱歉，我这次没能整理出答案。请再问一次。", "Sorry, I could not put an answer together this time. Please ask again."),
+        "format": ("抱歉，我这次没能整理出答案（发送 /trace 可查看原因）。请换个说法再问一次。",
+                   "Sorry, I could not put an answer together this time (send /trace to see why). "
+                   "Please ask again, perhaps in other words."),
         "error": ("抱歉，模型暂时出了问题，这次没能回答。请稍后再试。",
                   "Sorry, the model ran into a problem and could not answer. Please try again in a moment."),
         "timeout": ("抱歉，这次思考时间太长，已停止。请稍后再试或把问题问得简单些。",

@@ -16,6 +16,7 @@ from dotenv import load_dotenv
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+OPENAI_GRAMMARS = ("off", "vllm", "sglang", "llama.cpp")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -46,6 +47,7 @@ class Settings:
     openai_model: str = ""
     openai_timeout_seconds: float = 60.0
     openai_max_retries: int = 3
+    openai_grammar: str = "off"
     agent_mode: str = "react"
     scripted_replies_path: str = ""
     scripted_delay_seconds: float = 0.0
@@ -55,6 +57,11 @@ class Settings:
     allowed_chat_ids: frozenset[int] = field(default_factory=frozenset)
     max_steps: int = 6
     max_new_tokens: int = 512
+    constrained_decoding: bool = True
+    thought_max_tokens: int = 128
+    tool_string_max_chars: int = 200
+    require_tool_call: bool = False
+    course_names_free_text: bool = False
     tool_timeout_seconds: float = 10.0
     history_token_budget: int = 2000
     observation_max_chars: int = 2000
@@ -87,12 +94,13 @@ class Settings:
         _one_of("LLM_BACKEND", self.llm_backend, LLM_BACKENDS)
         _one_of("AGENT_MODE", self.agent_mode, AGENT_MODES)
         _one_of("MODEL_DTYPE", self.model_dtype, MODEL_DTYPES)
+        _one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
         # logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here.
         _one_of("LOG_LEVEL", self.log_level.upper(), LOG_LEVELS)
         if self.webhook_port > 65535:
             raise ConfigError(f"WEBHOOK_PORT must be at most 65535, got {self.webhook_port}")
         for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
-                     "observation_max_chars", "webhook_port"):
+                     "observation_max_chars", "webhook_port", "thought_max_tokens", "tool_string_max_chars"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
                      "typing_interval_seconds"):
@@ -120,17 +128,29 @@ def _parse(name: str, type_name: str, raw: str) -> Any:
         raise ConfigError(f"{name.upper()} must be {_DESCRIPTIONS[type_name.replace(' ', '')]}, got {raw!r}") from None
 
 
+def _flag(raw: str) -> bool:
+    folded = raw.lower()
+    if folded not in _TRUE + _FALSE:
+        raise ValueError(raw)
+    return folded in _TRUE
+
+
+_TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
+
+
 def _id_set(raw: str) -> frozenset[int]:
     return frozenset(int(part) for part in raw.replace(";", ",").split(",") if part.strip())
 
 
 _PARSERS: dict[str, Callable[[str], Any]] = {
+    "bool": _flag,
     "int": int,
     "float": float,
     "Path": Path,
     "frozenset[int]": _id_set,
 }
 _DESCRIPTIONS = {
+    "bool": "true or false (also on/off, yes/no, 1/0)",
     "int": "a whole number",
     "float": "a number",
     "Path": "a path",

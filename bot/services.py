@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from agent.llm import LLM, build_llm
 from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
+from agent.options import ChatOptions
 from bot.config import Settings
 from migrations import Database, open_database
 from tools import build_registry
@@ -49,8 +50,8 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
         await db.close()
         raise
     catalog = CourseCatalog(db)
-    registry = build_registry(db, settings.tool_timeout_seconds)
+    registry = build_registry(db, settings.tool_timeout_seconds, settings.course_names_free_text)
     tool_settings = ToolSettings(db, registry)
     memory = Memory(db)
-    agent = Agent(llm, registry, tool_settings, memory, AgentLimits.from_settings(settings))
+    agent = Agent(llm, registry, tool_settings, memory, AgentLimits.from_settings(settings), ChatOptions(db))
     return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent)

@@ -177,11 +177,16 @@ async def test_format_reminder_then_a_proper_answer(db, registry):
     assert [s.kind for s in result.steps] == ["format_error", "final"]
 
 
-async def test_model_that_never_says_final_answer_gets_its_text_used(db, registry):
-    agent, _ = make_agent(db, registry, ["大模型技术实战有200节。", "大模型技术实战一共有200节课。"])
-    result = await agent.run(SESSION, ARTICLE_QUESTION)
+async def test_a_model_that_never_follows_the_format_gets_an_apology_not_its_raw_text(db, registry):
+    rambling = ["I now know the answer\n\nEnd!", "Thought: I now know the answer"]
+    agent, _ = make_agent(db, registry, rambling)
+    result = await agent.run(SESSION, "How many lessons does the LLM course have?")
+
     assert result.status == "gave_up"
-    assert result.answer == "大模型技术实战一共有200节课。"
+    assert result.answer.startswith("Sorry") and "/trace" in result.answer
+    assert all(raw not in result.answer for raw in rambling)
+    assert [s.kind for s in result.steps] == ["format_error", "format_error"]
+    assert (await history_rows(db))[-1] == ("assistant", result.answer)
 
 
 async def test_empty_replies_end_in_an_apology(db, registry):

@@ -10,7 +10,10 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from agent.grammar import Grammar
 
 Message = dict[str, Any]
 
@@ -71,10 +74,13 @@ class LLM(ABC):
         max_new_tokens: int = 512,
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
+        grammar: "Grammar | None" = None,
     ) -> Completion:
         """Generate a completion for `messages`, ending at the first of `stop` (trimmed) or the token limit.
 
-        `tools` are OpenAI-style function specs for native tool calling. Raises `LLMError` subclasses.
+        `tools` are OpenAI-style function specs for native tool calling. `grammar`, when given, is what the reply
+        must look like (agent/grammar.py); a backend that cannot apply it generates without it. Raises `LLMError`
+        subclasses.
         """
 
     @abstractmethod

@@ -1,4 +1,4 @@
-"""One batch of requests through one greedy `model.generate`: layout, shared prefix, per-row ends.
+"""One batch of requests through one greedy `model.generate`: layout, shared prefix, per-row grammars and ends.
 
 Runs on the model thread only (see `worker.py`). Two choices here, both measured on the 2-core CPU box with
 SmolLM2-135M (fp32, greedy):
@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-from transformers import DynamicCache, GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import (DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteria,
+                          StoppingCriteriaList)
 
 from agent.llm.base import Message
+from agent.llm.constraints import GrammarEngine, GrammarMasks, RowGrammar
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +36,34 @@ MIN_SHARED_PREFIX = 32
 
 @dataclass
 class BatchRow:
-    """One request in a batch: its prompt and limits in; how it ended and its new tokens out."""
+    """One request in a batch, and all that changes about it while the batch runs.
+
+    The per-row state lives here, and `RowSteps` (after every generated token) is the one loop that updates it: a
+    later per-row concern (a cached KV prefix to start from, the new text streamed to its caller) adds its field
+    here and its line in `take`.
+    """
 
     prompt_ids: list[int]
     stop: Sequence[str] = ()
     max_new_tokens: int = 512
     is_cancelled: Callable[[], bool] = lambda: False
     owner: Any = None  # whoever asked (the worker keeps the caller's job here)
+    grammar: RowGrammar | None = None  # the grammar this row is decoded under, if its caller gave one
     ended_after: int = 0  # how many generated tokens belong to this row's output
     reason: str = ""  # "stop", "length" or "cancelled"; empty while it is still generating
     new_ids: list[int] = field(default_factory=list)
+
+    @property
+    def constraint(self) -> RowGrammar | None:
+        """The grammar that masks this row's next token: while the row runs and its grammar holds."""
+        if self.reason or self.grammar is None or not self.grammar.active:
+            return None
+        return self.grammar
+
+    def take(self, token_id: int) -> None:
+        """The row generated `token_id`: its grammar moves on."""
+        if self.grammar is not None:
+            self.grammar.advance(token_id)
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -61,11 +81,13 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
     return list(encoded["input_ids"])
 
 
-class RowStops(StoppingCriteria):
-    """Per-row end conditions for one batch: each row's own stop strings, token limit and cancel token.
+class RowSteps(StoppingCriteria):
+    """The per-row loop after every generated token: each live row takes its token (`BatchRow.take`), then checks
+    its own end conditions: stop strings, token limit, cancel token.
 
-    Returning a per-row bool tensor lets `generate` mark just that row finished (its `unfinished_sequences`),
-    so one chat's stop string or /cancel never cuts another chat's answer short.
+    `generate` calls stopping criteria once per step with the token just appended to every row, which makes this
+    the place for per-row work. Returning a per-row bool tensor lets `generate` mark just that row finished (its
+    `unfinished_sequences`), so one chat's stop string or /cancel never cuts another chat's answer short.
     """
 
     def __init__(self, rows: list[BatchRow], prompt_width: int, tokenizer: Any, eos_ids: set[int]):
@@ -78,7 +100,9 @@ class RowStops(StoppingCriteria):
         generated = input_ids.shape[1] - self.prompt_width
         for index, row in enumerate(self.rows):
             if row.reason == "":
-                self._check(row, input_ids[index, self.prompt_width:], generated)
+                new_ids = input_ids[index, self.prompt_width:]
+                row.take(int(new_ids[-1]))
+                self._check(row, new_ids, generated)
         return torch.tensor([row.reason != "" for row in self.rows], device=input_ids.device)
 
     def _check(self, row: BatchRow, new_ids: torch.Tensor, generated: int) -> None:
@@ -143,21 +167,33 @@ def cache_argument(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_tokens: int = 0) -> None:
-    """Greedy generation for all `rows` at once; fills each row's `new_ids` and `reason`."""
+def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_tokens: int = 0,
+                  grammars: GrammarEngine | None = None) -> None:
+    """Greedy generation for all `rows` at once; fills each row's `new_ids` and `reason`.
+
+    Rows with a grammar are masked by it (`grammars` compiled them); the others are left exactly as they were.
+    """
     eos = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
     config = _greedy_config(max(row.max_new_tokens for row in rows), min_new_tokens, eos, pad_id)
     with torch.inference_mode():
         layout = lay_out([row.prompt_ids for row in rows], pad_id, model.device)
-        stops = RowStops(rows, layout.input_ids.shape[1], tokenizer, eos)
+        steps = RowSteps(rows, layout.input_ids.shape[1], tokenizer, eos)
         cache = prefill_shared_prefix(model, layout)
         log.debug("batch of %d: %d prompt tokens shared, %d own at most", len(rows), layout.shared,
                   layout.input_ids.shape[1] - layout.shared)
         output = model.generate(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
-                                generation_config=config, stopping_criteria=StoppingCriteriaList([stops]),
+                                generation_config=config, stopping_criteria=StoppingCriteriaList([steps]),
+                                logits_processor=_masks(rows, grammars),
                                 **({cache_argument(model): cache} if cache is not None else {}))
     _keep_generated(rows, output[:, layout.input_ids.shape[1]:].tolist())
+
+
+def _masks(rows: list[BatchRow], grammars: GrammarEngine | None) -> LogitsProcessorList:
+    """The grammar masks, when any row of the batch has a grammar; nothing otherwise (no cost per step)."""
+    if grammars is None or not any(row.grammar is not None for row in rows):
+        return LogitsProcessorList()
+    return LogitsProcessorList([GrammarMasks(grammars, rows)])
 
 
 def _greedy_config(longest: int, min_new_tokens: int, eos: set[int], pad_id: int) -> GenerationConfig:
@@ -171,7 +207,7 @@ def _greedy_config(longest: int, min_new_tokens: int, eos: set[int], pad_id: int
 def _keep_generated(rows: list[BatchRow], generated: list[list[int]]) -> None:
     """Cut each row's tokens where that row ended; what the batch generated after that is padding."""
     for row, ids in zip(rows, generated):
-        if row.reason == "":  # defensive: generate stopped before `RowStops` saw the row's last step
+        if row.reason == "":  # defensive: generate stopped before `RowSteps` saw the row's last step
             row.ended_after, row.reason = len(ids), "length"
         row.new_ids = ids[: row.ended_after]
 

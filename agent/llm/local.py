@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from agent.errors import LLMError, ModelLoadError
+from agent.grammar import Grammar
 from agent.llm.base import LLM, CancelToken, Completion, Message
+from agent.llm.constraints import GrammarEngine
 from agent.llm.worker import Job, LoadedModel, ModelWorker
 
 if TYPE_CHECKING:
@@ -92,7 +94,7 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str) -> Load
         raise ModelLoadError(f"MODEL {source.setting}: cannot load it: {_first_line(error)}") from error
     model.eval()
     log.info("loaded %s (%s on %s)", source.setting, model.dtype, model.device)
-    return LoadedModel(model, tokenizer)
+    return LoadedModel(model, tokenizer, GrammarEngine(tokenizer))
 
 
 def check_chat_template(source: ModelSource, tokenizer: Any) -> None:
@@ -155,13 +157,15 @@ class LocalLLM(LLM):
         max_new_tokens: int = 512,
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
+        grammar: Grammar | None = None,
     ) -> Completion:
-        """Queue the request for the next batch and await its row; cancelling the awaiting task cancels the row."""
+        """Queue the request for the next batch and await its row (decoded under `grammar`, if given); cancelling
+        the awaiting task cancels the row."""
         if self._worker is None:
             raise LLMError("the local model is not started")
         loop = asyncio.get_running_loop()
         job = Job(list(messages), tuple(stop), max_new_tokens, list(tools) if tools else None,
-                  loop, loop.create_future(), caller_cancel=cancel)
+                  loop, loop.create_future(), grammar=grammar, caller_cancel=cancel)
         self._worker.submit(job)
         try:
             return await job.future

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, Union
 
 from agent.errors import LLMCancelled, LLMError
+from agent.grammar import Grammar
 from agent.llm.base import LLM, CancelToken, Completion, Message, trim_at_stop
 from agent.tokens import TokenCounter, estimate_tokens
 
@@ -26,6 +27,7 @@ class Request:
     stop: tuple[str, ...]
     max_new_tokens: int
     tools: list[dict[str, Any]] | None
+    grammar: Grammar | None = None
 
     @property
     def last_content(self) -> str:
@@ -78,8 +80,11 @@ class ScriptedLLM(LLM):
         max_new_tokens: int = 512,
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
+        grammar: Grammar | None = None,
     ) -> Completion:
-        request = Request([dict(m) for m in messages], tuple(stop), max_new_tokens, list(tools) if tools else None)
+        """The next scripted reply; the request (grammar included) is recorded. The grammar is not applied."""
+        request = Request([dict(m) for m in messages], tuple(stop), max_new_tokens, list(tools) if tools else None,
+                          grammar)
         self.requests.append(request)
         if self.delay:
             await self._sleep_unless_cancelled(cancel)

@@ -4,6 +4,7 @@
     ──────────                               ────────────
     submit(Job) ──── queue.Queue ──────────▶ take every pending job (up to batch_size)
                                              one `generate` for all of them (batching.py), each row
+                                             masked by its own grammar if it has one (constraints.py),
                                              ending on its own stop strings / token limit / cancel token
     await job.future ◀── call_soon_threadsafe ─ settle each job with its Completion or its error
 
@@ -29,7 +30,9 @@ import torch
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory
 from agent.llm.base import CancelToken, Completion, Message, trim_at_stop
+from agent.grammar import Grammar
 from agent.llm.batching import BatchRow, generate_rows, render_prompt
+from agent.llm.constraints import GrammarEngine, RowGrammar
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +41,11 @@ _CLOSE = object()  # queue sentinel: the thread finishes its batch and exits
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """What the loader hands the model thread: the model and the tokenizer only that thread may use."""
+    """What the loader hands the model thread: the model, and the tokenizer and grammar engine only it may use."""
 
     model: Any
     tokenizer: Any
+    grammars: GrammarEngine | None = None  # None: grammars are refused (a test double, or no llguidance)
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Job:
     tools: list[dict[str, Any]] | None
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    grammar: Grammar | None = None
     caller_cancel: CancelToken | None = None
     own_cancel: CancelToken = field(default_factory=CancelToken)
     submitted_at: float = field(default_factory=time.monotonic)
@@ -195,13 +200,13 @@ class ModelWorker:
 
     def _run_batch(self, loaded: LoadedModel, jobs: list[Job]) -> None:
         """Generate for every live job in one batch; an error fails this batch's callers, not the thread."""
-        rows = [row for job in jobs if (row := _prepare(loaded.tokenizer, job)) is not None]
+        rows = [row for job in jobs if (row := _prepare(loaded, job)) is not None]
         if not rows:
             return
         log.debug("generating a batch of %d (longest prompt %d tokens)",
                   len(rows), max(len(row.prompt_ids) for row in rows))
         try:
-            generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens)
+            generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens, loaded.grammars)
         except torch.OutOfMemoryError:
             _free_device_memory()
             _fail(rows, LLMOutOfMemory(
@@ -215,17 +220,32 @@ class ModelWorker:
             _settle_row(loaded.tokenizer, row)
 
 
-def _prepare(tokenizer: Any, job: Job) -> BatchRow | None:
-    """Render and tokenize one job's chat; a job that is cancelled or cannot be rendered is settled here."""
+def _prepare(loaded: LoadedModel, job: Job) -> BatchRow | None:
+    """Render and tokenize one job's chat, compile its grammar; a job that is cancelled, cannot be rendered or
+    has a grammar that does not compile is settled here."""
     if job.cancelled:
         job.settle(error=LLMCancelled("cancelled before generation started"))
         return None
     try:
-        prompt_ids = render_prompt(tokenizer, job.messages, job.tools)
+        prompt_ids = render_prompt(loaded.tokenizer, job.messages, job.tools)
     except Exception as error:
         job.settle(error=LLMError(f"cannot apply the chat template: {error}"))
         return None
-    return BatchRow(prompt_ids, job.stop, job.max_new_tokens, lambda: job.cancelled, owner=job)
+    try:
+        grammar = _row_grammar(loaded, job.grammar)
+    except LLMError as error:
+        log.error("%s", error)
+        job.settle(error=error)
+        return None
+    return BatchRow(prompt_ids, job.stop, job.max_new_tokens, lambda: job.cancelled, owner=job, grammar=grammar)
+
+
+def _row_grammar(loaded: LoadedModel, grammar: Grammar | None) -> RowGrammar | None:
+    if grammar is None:
+        return None
+    if loaded.grammars is None:
+        raise LLMError("this model was loaded without a grammar engine")
+    return loaded.grammars.row(grammar)
 
 
 def _settle_row(tokenizer: Any, row: BatchRow) -> None:
