@@ -44,8 +44,8 @@ class RowGrammar:
 
     def advance(self, token_id: int) -> None:
         """Feed the row's newest token; a rejected one ends the constraint (logged), never the row."""
-        if self.failure or self.matcher.is_stopped():
-            return  # a finished grammar has nothing left to check (the end-of-turn token follows it)
+        if self.failure:
+            return
         if not self.matcher.consume_token(token_id):
             self.failure = self.matcher.get_error().splitlines()[0] or "token rejected"
             log.warning("a %s grammar rejected token %d; the row goes on unconstrained: %s",

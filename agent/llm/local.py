@@ -76,8 +76,12 @@ def check_dtype_setting(setting: str) -> None:
         raise ModelLoadError(f"MODEL_DTYPE must be one of {', '.join(DTYPES)}, got {setting!r}")
 
 
-def load_model(source: ModelSource, device_map: str, dtype_setting: str) -> LoadedModel:
-    """Load tokenizer and model (on the model thread); every failure becomes one clear `ModelLoadError` line."""
+def load_model(source: ModelSource, device_map: str, dtype_setting: str, native_tools: bool = False) -> LoadedModel:
+    """Load tokenizer and model (on the model thread); every failure becomes one clear `ModelLoadError` line.
+
+    `native_tools`: the agent will offer tools through the chat template (AGENT_MODE=native), so the template must
+    render them; that is checked before the weights load.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,6 +89,8 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str) -> Load
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
         check_chat_template(source, tokenizer)
+        if native_tools:
+            check_renders_tools(source, tokenizer)
         on_gpu = torch.cuda.is_available() and device_map not in ("", "cpu")
         model = AutoModelForCausalLM.from_pretrained(
             source.location, dtype=choose_dtype(dtype_setting, on_gpu), device_map=device_map or None, **options)
@@ -103,6 +109,24 @@ def check_chat_template(source: ModelSource, tokenizer: Any) -> None:
         raise ModelLoadError(f"MODEL {source.setting}: its tokenizer has no chat template; use an instruct/chat model")
 
 
+# A tool to offer a chat template, to see whether it renders tools at all.
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool", "description": "A probe.",
+                                                "parameters": {"type": "object", "properties": {}}}}
+
+
+def check_renders_tools(source: ModelSource, tokenizer: Any) -> None:
+    """Native tool calling offers tools through the chat template: refuse a template that leaves them out.
+
+    Such a template (SmolLM2's, for one) would silently show the model no tools at all.
+    """
+    chat = [{"role": "user", "content": "Hello"}]
+    plain = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    offered = tokenizer.apply_chat_template(chat, tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True)
+    if "probe_tool" not in offered or offered == plain:
+        raise ModelLoadError(f"MODEL {source.setting}: its chat template ignores tools, so AGENT_MODE=native would "
+                             "show the model none; use AGENT_MODE=react")
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0]
@@ -114,8 +138,9 @@ class LocalLLM(LLM):
     name = "local"
 
     def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
-                 batch_wait_ms: int = 20, min_new_tokens: int = 0):
+                 batch_wait_ms: int = 20, min_new_tokens: int = 0, native_tools: bool = False):
         self.model_setting = model
+        self.native_tools = native_tools  # AGENT_MODE=native: the chat template must render tools
         self.device_map = device_map
         self.dtype = dtype
         self.batch_size = batch_size
@@ -129,13 +154,13 @@ class LocalLLM(LLM):
         """Build from MODEL, MODEL_DEVICE_MAP, MODEL_DTYPE, BATCH_SIZE, BATCH_WAIT_MS; nothing loads until `start()`."""
         return cls(settings.model, device_map=settings.model_device_map,
                    dtype=settings.model_dtype, batch_size=settings.batch_size,
-                   batch_wait_ms=settings.batch_wait_ms)
+                   batch_wait_ms=settings.batch_wait_ms, native_tools=settings.agent_mode == "native")
 
     async def start(self) -> None:
         """Load the model on its thread and wait for it; raises `ModelLoadError` with one clear line."""
         source = resolve_model(self.model_setting)
         check_dtype_setting(self.dtype)
-        worker = ModelWorker(lambda: load_model(source, self.device_map, self.dtype),
+        worker = ModelWorker(lambda: load_model(source, self.device_map, self.dtype, self.native_tools),
                              batch_size=self.batch_size, batch_wait=self.batch_wait_ms / 1000,
                              min_new_tokens=self.min_new_tokens)
         loaded = await worker.start()
