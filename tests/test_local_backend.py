@@ -302,9 +302,9 @@ def test_short_common_prefixes_and_single_rows_are_plainly_left_padded() -> None
     assert lay_out([list(range(100))], pad_id=0, device="cpu").shared == 0
 
 
-def qwenbot_ask(tmp_path: Path, model: str, question: str) -> subprocess.CompletedProcess:
+def qwenbot_ask(tmp_path: Path, model: str, question: str, mode: str = "react") -> subprocess.CompletedProcess:
     """`qwenbot ask` as a user runs it, on the local backend, configured only through the environment."""
-    settings = {"LLM_BACKEND": "local", "MODEL": model, "MODEL_DEVICE_MAP": "cpu", "AGENT_MODE": "react",
+    settings = {"LLM_BACKEND": "local", "MODEL": model, "MODEL_DEVICE_MAP": "cpu", "AGENT_MODE": mode,
                 "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "MAX_NEW_TOKENS": "24", "MAX_STEPS": "2",
                 "LOG_LEVEL": "WARNING"}
     environ = {**os.environ, **settings, "PYTHONPATH": str(REPO)}
@@ -327,4 +327,14 @@ def test_qwenbot_ask_with_a_missing_model_fails_in_one_line(tmp_path: Path) -> N
     done = qwenbot_ask(tmp_path, "./nope.gguf", "hello")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == "qwenbot: MODEL ./nope.gguf: no such file"
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.real_model
+def test_native_mode_on_a_template_that_ignores_tools_stops_at_start_in_one_line(tmp_path: Path) -> None:
+    done = qwenbot_ask(tmp_path, str(GGUF), "hello", mode="native")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"qwenbot: MODEL {GGUF}: its chat template ignores tools, so AGENT_MODE=native would show the model none; "
+        "use AGENT_MODE=react")
     assert "Traceback" not in done.stderr

@@ -7,6 +7,11 @@ Retries are the client's own (`max_retries`): exponential backoff from 0.5 s (ca
 5xx and dropped connections, honouring the server's Retry-After (up to two minutes). On top of that, every call
 has one deadline, `timeout_seconds`, retries included: the user waits for an answer, not for an attempt, and a
 server that never answers gives `LLMTimeout` after that long rather than after every retry has timed out too.
+
+With `grammar` (OPENAI_GRAMMAR) each step's grammar goes with the request, in the field the server takes: vLLM's
+structured outputs, SGLang's `ebnf`, llama.cpp's `grammar` (the latter two in llguidance's Lark, which they accept
+when served with llguidance). A server that refuses it (400 or 422 with a grammar attached) gets the same request
+again without one, and no grammar after that: the bot keeps answering, unconstrained, and says so once in the log.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ import json
 import logging
 import re
 from collections import deque
-from typing import TYPE_CHECKING, Any, Awaitable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import openai
 from openai import AsyncOpenAI
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.grammar import Grammar
 from agent.llm.base import LLM, CancelToken, Completion, Message, ToolCall, trim_at_stop
 from agent.tokens import TokenCounter, estimate_tokens, qwen_token_counter
 
@@ -31,6 +37,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How each server takes a grammar (agent/grammar.py) in a chat-completions request body.
+GRAMMAR_FIELDS: dict[str, Callable[[Grammar], dict[str, Any]]] = {
+    "vllm": lambda grammar: {"structured_outputs": {"grammar": grammar.lark}},
+    "sglang": lambda grammar: {"ebnf": grammar.for_llguidance_servers()},
+    "llama.cpp": lambda grammar: {"grammar": grammar.for_llguidance_servers()},
+}
+# Statuses that mean "not this request", as a server answers a grammar it does not take.
+GRAMMAR_REFUSALS = (400, 422)
 POLL_SECONDS = 0.05  # how often a waiting call looks at its CancelToken
 START_TIMEOUT_SECONDS = 5.0  # the reachability check at start-up should fail fast, not after a generation's time-out
 MAX_MESSAGE_CHARS = 300  # a server's error text is cut to this, so our error stays one readable line
@@ -52,8 +66,12 @@ class OpenAILLM(LLM):
         timeout_seconds: float = 60.0,
         max_retries: int = 3,
         count_tokens: TokenCounter = estimate_tokens,
+        grammar: str = "off",
     ) -> None:
+        if grammar != "off" and grammar not in GRAMMAR_FIELDS:
+            raise ValueError(f"unknown grammar style {grammar!r}")
         self.base_url = base_url
+        self.grammar_style = grammar  # "off" once the server has refused one
         self.model = model
         self.timeout_seconds = timeout_seconds
         self._api_key = api_key or "EMPTY"  # local servers ignore the key, but the client insists on one
@@ -72,6 +90,7 @@ class OpenAILLM(LLM):
             timeout_seconds=settings.openai_timeout_seconds,
             max_retries=settings.openai_max_retries,
             count_tokens=qwen_token_counter(settings.tokenizer_vocab_path),
+            grammar=settings.openai_grammar,
         )
 
     @property
@@ -112,6 +131,7 @@ class OpenAILLM(LLM):
         max_new_tokens: int = 512,
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
+        grammar: Grammar | None = None,
     ) -> Completion:
         """One chat completion; an assistant message last is continued (see `fold_assistant_prefix`)."""
         request: dict[str, Any] = {
@@ -123,10 +143,20 @@ class OpenAILLM(LLM):
             request["stop"] = list(stop)
         if tools:
             request["tools"] = list(tools)
-        response = await self._answer_within_deadline(self._client.chat.completions.create(**request), cancel)
+        if grammar is not None and self.grammar_style != "off":
+            request["extra_body"] = GRAMMAR_FIELDS[self.grammar_style](grammar)
+        try:
+            response = await self._answer_within_deadline(self._client.chat.completions.create(**request), cancel,
+                                                           with_grammar="extra_body" in request)
+        except _GrammarRefused as refused:
+            log.warning("%s; sending no grammar (OPENAI_GRAMMAR=%s) from now on", refused, self.grammar_style)
+            self.grammar_style = "off"
+            del request["extra_body"]
+            response = await self._answer_within_deadline(self._client.chat.completions.create(**request), cancel)
         return self._completion(response, request["messages"], stop)
 
-    async def _answer_within_deadline(self, call: Awaitable[T], cancel: CancelToken | None) -> T:
+    async def _answer_within_deadline(self, call: Awaitable[T], cancel: CancelToken | None,
+                                      with_grammar: bool = False) -> T:
         """Await `call`, giving up at the deadline or when `cancel` is set, with our errors for the client's."""
         task = asyncio.ensure_future(call)
         loop = asyncio.get_running_loop()
@@ -144,6 +174,8 @@ class OpenAILLM(LLM):
         except openai.APIConnectionError as error:
             raise LLMError(f"cannot reach the model server at {self.url}: {self._reason(error)}") from None
         except openai.APIStatusError as error:
+            if with_grammar and error.status_code in GRAMMAR_REFUSALS:
+                raise _GrammarRefused(f"{self._describe_status(error)} to a request with a grammar") from None
             raise LLMError(self._describe_status(error)) from None
         except openai.OpenAIError as error:
             raise LLMError(f"model server at {self.url} failed: {self._one_line(str(error))}") from None
@@ -188,6 +220,10 @@ class OpenAILLM(LLM):
             text = text.replace(self._api_key, "***")
         text = re.sub(r"\s+", " ", text).strip()
         return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…"
+
+
+class _GrammarRefused(LLMError):
+    """The server answered a request that carried a grammar with a refusal (it does not take that grammar)."""
 
 
 def to_chat_messages(messages: Sequence[Message]) -> list[Message]:
