@@ -31,6 +31,7 @@ class Services:
     memory: Memory
     catalog: CourseCatalog
     agent: Agent
+    options: ChatOptions
 
     async def close(self) -> None:
         """Stop the model, then close the database."""
@@ -53,5 +54,6 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
     registry = build_registry(db, settings.tool_timeout_seconds, settings.course_names_free_text)
     tool_settings = ToolSettings(db, registry)
     memory = Memory(db)
-    agent = Agent(llm, registry, tool_settings, memory, AgentLimits.from_settings(settings), ChatOptions(db))
-    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent)
+    options = ChatOptions(db)
+    agent = Agent(llm, registry, tool_settings, memory, AgentLimits.from_settings(settings), options)
+    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, options)

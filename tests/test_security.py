@@ -53,6 +53,7 @@ ADMIN_EXAMPLES = {
     "courses": "/courses", "course_add": "/course_add 强化学习实战 120 2 1.5",
     "course_set": "/course_set 大模型技术实战 lessons 0", "course_del": "/course_del 大模型技术实战",
     "allow": f"/allow {BOB.id}", "deny": f"/deny {ALICE.id}", "admins": "/admins", "stats": "/stats 30",
+    "require_tool": "/require_tool on",
 }
 ANONYMOUS_ADMIN = User(1087968824, "Group", username="GroupAnonymousBot", is_bot=True)  # Telegram's stand-in
 REFUSED = "⛔ This command is for admins only."
@@ -153,15 +154,20 @@ def token_variants(token: str) -> list[str]:
 
 
 def run_qwenbot(server: FakeTelegramServer, tmp_path: Path) -> subprocess.Popen:
-    """`qwenbot run` as a process against `server`, logging at DEBUG, with one scripted answer."""
+    """`qwenbot run` as a process against `server`, logging at DEBUG, with one scripted answer.
+
+    Its output goes to files (`stdout.log`, `stderr.log` in `tmp_path`), not pipes: a DEBUG log nobody reads
+    while the bot runs would fill a pipe's buffer and block the bot's next log line, and with it the bot.
+    """
     replies = tmp_path / "replies.json"
     replies.write_text(json.dumps([final("first answer")]), encoding="utf-8")
     env = {**os.environ, "TELEGRAM_BOT_TOKEN": server.token, "TELEGRAM_BASE_URL": server.base_url,
            "LLM_BACKEND": "scripted", "SCRIPTED_REPLIES_PATH": str(replies), "LOG_LEVEL": "DEBUG",
            "DATABASE_PATH": str(tmp_path / "run.sqlite3"), "ALLOWED_USER_IDS": str(ALICE.id),
            "TOKENIZER_VOCAB_PATH": str(tmp_path / "absent.tiktoken"), "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(tmp_path / "stdout.log", "w") as stdout, open(tmp_path / "stderr.log", "w") as stderr:
+        return subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=tmp_path, env=env,
+                                stdout=stdout, stderr=stderr, text=True)
 
 
 async def test_the_token_never_reaches_the_log_of_a_real_run_even_in_error_messages(tmp_path):
@@ -178,9 +184,10 @@ async def test_the_token_never_reaches_the_log_of_a_real_run_even_in_error_messa
             server.send_text(private_chat(ALICE), ALICE, "second: the model has nothing left to say")
             await server.wait_for(lambda: len(server.sent_texts(ALICE.id)) == 2, 30, "an apology for each question")
             process.send_signal(signal.SIGTERM)
-            stdout, stderr = process.communicate(timeout=20)
+            process.wait(timeout=20)
         finally:
             process.kill()
+    stdout, stderr = ((tmp_path / name).read_text(encoding="utf-8") for name in ("stdout.log", "stderr.log"))
     assert process.returncode == 0, stderr
     assert server.sent_texts(ALICE.id) == ["抱歉，出了点问题，请稍后再试。", "抱歉，模型暂时无法回答，请稍后再试。"]
     # The failures were logged (the test would prove nothing otherwise), and redacted.
