@@ -1,4 +1,4 @@
-"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools.
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), migrate, tools.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import logging
 import sys
+import tempfile
+from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
 from agent.errors import LLMError, LLMTimeout
@@ -17,6 +21,7 @@ from agent.memory import Session
 from agent.prompts import apology
 from agent.steps import format_trace
 from bot.config import ConfigError, Settings
+from bot.evaluation import EvalFileError, copy_database, evaluate, load_cases, summary
 from bot.logs import configure_logging
 from bot.services import Services, start_services
 from migrations import MigrationError, open_database
@@ -26,7 +31,7 @@ from tools.settings import GLOBAL, ToolSettings
 log = logging.getLogger("qwenbot")
 
 # Failures a user can act on: shown as one line, never as a traceback.
-USER_ERRORS = (ConfigError, LLMError, MigrationError, OSError)
+USER_ERRORS = (ConfigError, EvalFileError, LLMError, MigrationError, OSError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--session", default="cli:ask", help="history session id (default: cli:ask)")
     chat = commands.add_parser("chat", help="an interactive session in the terminal (/reset, /trace, /quit)")
     chat.add_argument("--session", default="cli:chat", help="history session id (default: cli:chat)")
+    evaluation = commands.add_parser("eval", help="run a question set (JSONL) through the agent and print the score")
+    evaluation.add_argument("file", type=Path, help='questions, one JSON object a line: {"q": ..., "expect": [...]}')
+    evaluation.add_argument("--report", type=Path, help="also write every answer and figure to this JSON file")
+    evaluation.add_argument("--turn-timeout", type=float, metavar="SECONDS",
+                            help="TURN_TIMEOUT_SECONDS for this run (all questions queue for one model at once)")
     return parser
 
 
@@ -106,6 +116,36 @@ def ask_command(settings: Settings, args: argparse.Namespace) -> int:
         print(result.answer)
         return 0
     return run_async(job)
+
+
+def eval_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Run a question set through the real agent, on a copy of the database; print the score and the failures."""
+    cases = load_cases(args.file)
+    timeout = args.turn_timeout or settings.turn_timeout_seconds
+
+    async def job() -> int:
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / "eval.sqlite3"
+            await asyncio.to_thread(copy_database, settings.database_path, copy)
+            run = dataclasses.replace(settings, database_path=copy, turn_timeout_seconds=timeout)
+            services = await start_services(run)
+            try:
+                report = await evaluate(services.agent, cases)
+            finally:
+                await services.close()
+        report.about = evaluated(settings)
+        print("\n".join(summary(report, str(args.file))))
+        if args.report:
+            args.report.write_text(json.dumps(report.as_json(), ensure_ascii=False, indent=2), encoding="utf-8")
+        return 0
+    return run_async(job)
+
+
+def evaluated(settings: Settings) -> dict[str, object]:
+    """What a run evaluated, for its report: the model and how it was driven."""
+    model = settings.openai_model or settings.model if settings.llm_backend == "openai" else settings.model
+    return {"model": model, "backend": settings.llm_backend, "mode": settings.agent_mode,
+            "constrained": settings.constrained_decoding, "require_tool_call": settings.require_tool_call}
 
 
 def chat_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -182,6 +222,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "run": run_command,
     "ask": ask_command,
     "chat": chat_command,
+    "eval": eval_command,
 }
 
 if __name__ == "__main__":
