@@ -7,7 +7,12 @@
              them out (shared prompt prefix computed once: the ceiling proper), and plainly left-padded (every row
              computes its whole prompt: what batching without prefix sharing would reach)
 
+    batched, grammar   (--grammar) the batched run again, every model call decoded under the agent's step grammar
+             (agent/grammar.py, llguidance masks per row): what constrained decoding costs
+
 Every model call generates exactly --new-tokens tokens (EOS suppressed, no stop strings), so runs are comparable.
+Under the grammar a row must not finish early either, so the bench lets the step repeat (`start: step+`): every
+token stays masked, none is generated unconstrained.
 The offline model (SmolLM2-135M) cannot follow ReAct, so `FixedReplyLLM` runs the real generation through the
 backend (real prompts, real cost, real token counts) and then hands the agent a fixed Qwen-shaped reply: first an
 Action calling course_query for 大模型技术实战, then a Final Answer. Every turn therefore takes the same path through
@@ -15,6 +20,7 @@ the real agent, prompt rendering, tool registry, course tool and SQLite database
 
     .venv/bin/python bench/bench_local.py                       # 1, 4, 8, 16 chats; 32 tokens per call
     .venv/bin/python bench/bench_local.py --chats 8 --new-tokens 64
+    .venv/bin/python bench/bench_local.py --chats 1 8 --grammar --only-batched   # the cost of the grammar alone
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.grammar import Grammar  # noqa: E402
 from agent.llm.base import LLM, CancelToken, Completion, Message  # noqa: E402
 from agent.llm.local import LocalLLM, ModelSource, load_model, resolve_model  # noqa: E402
 from agent.llm.batching import cache_argument, lay_out, prefill_shared_prefix, render_prompt  # noqa: E402
@@ -54,6 +61,7 @@ class FixedReplyLLM(LLM):
     def __init__(self, inner: LocalLLM, new_tokens: int, *, one_at_a_time: bool):
         self.inner = inner
         self.new_tokens = new_tokens
+        self.constrained = False  # generate under the agent's step grammar (made repeatable: see `endless`)
         self._gate: Any = asyncio.Lock() if one_at_a_time else contextlib.nullcontext()
         self.generated = 0
         self.calls: list[list[Message]] = []  # every prompt, for the raw ceiling
@@ -71,14 +79,22 @@ class FixedReplyLLM(LLM):
         return self.inner.count_tokens(text)
 
     async def complete(self, messages: Sequence[Message], *, stop: Sequence[str] = (), max_new_tokens: int = 512,
-                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None) -> Completion:
+                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None,
+                       grammar: Grammar | None = None) -> Completion:
         """Generate `new_tokens` real tokens for `messages`, then answer with the scripted ReAct text."""
+        grammar = endless(grammar) if self.constrained and grammar is not None else None
         async with self._gate:
-            real = await self.inner.complete(messages, max_new_tokens=self.new_tokens, tools=tools, cancel=cancel)
+            real = await self.inner.complete(messages, max_new_tokens=self.new_tokens, tools=tools, cancel=cancel,
+                                             grammar=grammar)
         self.generated += real.completion_tokens
         self.calls.append(list(messages))
         continuing = messages[-1]["role"] == "assistant"  # the trace already holds the Observation
         return Completion(FINAL_REPLY if continuing else ACTION_REPLY, real.prompt_tokens, real.completion_tokens)
+
+
+def endless(grammar: Grammar) -> Grammar:
+    """The step grammar, repeatable: a fixed-length run may not end where one step does (its EOS is banned)."""
+    return Grammar(grammar.kind, grammar.lark.replace("start: ", "start: step+\nstep: ", 1))
 
 
 class LagMeter:
@@ -230,20 +246,42 @@ async def measure(services: Services, batched: FixedReplyLLM, args: argparse.Nam
                               services.agent.limits),
               "batched": services.agent}
     ceiling = RawCeiling(resolve_model(str(args.model)), args.dtype, args.batch_size, args.new_tokens)
-    await ceiling.load()
     await agent_phase(services.agent, batched, 2, "warm-up")
-    await ceiling.run(batched.calls, 2, share_prefix=True)
+    if args.grammar:  # the first grammar builds llguidance's view of the vocabulary (about a second)
+        batched.constrained = True
+        await agent_phase(services.agent, batched, 2, "warm-up")
+        batched.constrained = False
+    if not args.only_batched:
+        await ceiling.load()
+        await ceiling.run(batched.calls, 2, share_prefix=True)
     rows: list[Row] = []
     for chats in args.chats:
-        level = [await agent_phase(agents["serial"], serial, chats, "serial")]
+        level = [] if args.only_batched else [await agent_phase(agents["serial"], serial, chats, "serial")]
         batched.calls.clear()
         level.append(await agent_phase(agents["batched"], batched, chats, "batched"))
-        level.append(await ceiling.run(list(batched.calls), chats, share_prefix=True))
-        if not args.skip_padded:
+        if args.grammar:
+            batched.constrained = True
+            level.append(await agent_phase(agents["batched"], batched, chats, "batched, grammar"))
+            batched.constrained = False
+        if not args.only_batched:
+            level.append(await ceiling.run(list(batched.calls), chats, share_prefix=True))
+        if not args.skip_padded and not args.only_batched:
             level.append(await ceiling.run(list(batched.calls), chats, share_prefix=False))
         print(*(row.markdown() for row in level), sep="\n", file=sys.stderr, flush=True)
         rows.extend(level)
     return rows
+
+
+def grammar_cost(rows: list[Row]) -> list[str]:
+    """At each concurrency measured with and without the grammar: the tokens/s the grammar costs (need <= 15%)."""
+    lines = []
+    for chats in sorted({row.chats for row in rows}):
+        by_mode = {row.mode: row for row in rows if row.chats == chats}
+        if {"batched", "batched, grammar"} <= by_mode.keys():
+            cost = 1 - by_mode["batched, grammar"].tokens_per_second / by_mode["batched"].tokens_per_second
+            lines.append(f"at {chats} chats: the step grammar costs {cost:.1%} tokens/s (need <= 15%): "
+                         f"{'PASS' if cost <= 0.15 else 'FAIL'}")
+    return lines
 
 
 def verdict(rows: list[Row], chats: int) -> str:
@@ -271,6 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="MODEL_DTYPE (auto = float32 on a CPU)")
     parser.add_argument("--skip-padded", action="store_true",
                         help="skip the plain left-padded raw runs (slow: every row computes the whole prompt)")
+    parser.add_argument("--grammar", action="store_true",
+                        help="also run batched under the step grammar (llguidance masks), to measure what it costs")
+    parser.add_argument("--only-batched", action="store_true",
+                        help="skip the serial and raw runs (with --grammar: the grammar's cost alone)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     rows = asyncio.run(bench(args))
@@ -279,7 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| chats | mode | tokens | seconds | tokens/s | turn p50 s | turn p95 s | loop lag p99 ms |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     print(*(row.markdown() for row in rows), sep="\n")
-    print("\n" + verdict(rows, 8))
+    print("", *grammar_cost(rows), sep="\n")
+    if not args.only_batched:
+        print("\n" + verdict(rows, 8))
     return 0
 
 
