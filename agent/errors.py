@@ -1,4 +1,4 @@
-"""Errors raised by the agent and its model backends.
+"""Errors raised by the agent and its model backends (the whole tree, with its root, is drawn in db/errors.py).
 
     AgentError                 base of everything below
     └── LLMError               a backend could not produce a completion
@@ -12,7 +12,10 @@ to the model as observations. These exceptions are for failures the model cannot
 """
 
 
-class AgentError(Exception):
+from db.errors import BotError
+
+
+class AgentError(BotError):
     """Base class for agent errors."""
 
 

@@ -19,9 +19,10 @@ from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.grammar import GrammarLimits
 from agent.llm.base import LLM, CancelToken, Completion
 from agent.memory import Memory, Session, TurnRecord, utc_now
+from agent.apologies import apology, language_of
 from agent.options import ChatOptions
-from agent.prompts import REPEATED_CALL_NOTE, TOOL_FIRST_PROBLEM, apology, format_reminder, tool_first_reminder
-from agent.steps import FinalAnswer, FormatProblem, Step, ToolRequest, TurnResult
+from agent.prompts import REPEATED_CALL_NOTE, TOOL_FIRST_PROBLEM, format_reminder, tool_first_reminder
+from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
 from tools.registry import Tool, ToolRegistry, tools_for_turn
 from tools.settings import ToolSettings
 
@@ -34,7 +35,7 @@ Progress = Callable[[str], Awaitable[None]]
 
 @dataclass(frozen=True)
 class AgentLimits:
-    """The agent's limits and decoding rules (from Settings)."""
+    """The agent's limits. These defaults are the only ones: `Settings` takes its defaults from here."""
 
     max_steps: int = 6
     max_new_tokens: int = 512
@@ -47,14 +48,6 @@ class AgentLimits:
     # The default of the first-step policy: a question naming a tool's subject must get a tool call before the
     # final answer. A chat's own setting (agent/options.py) wins.
     require_tool_call: bool = False
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> "AgentLimits":
-        """Read the limits from a `Settings`."""
-        grammar = GrammarLimits(settings.thought_max_tokens, settings.tool_string_max_chars)
-        return cls(settings.max_steps, settings.max_new_tokens, settings.history_token_budget,
-                   settings.observation_max_chars, settings.turn_timeout_seconds, settings.agent_mode,
-                   grammar if settings.constrained_decoding else None, settings.require_tool_call)
 
 
 @dataclass
@@ -71,13 +64,13 @@ class TurnState:
     completion_tokens: int = 0
     format_problems: int = 0
 
-    def record(self, kind: str, **fields: Any) -> Step:
+    def record(self, kind: StepKind, **fields: Any) -> Step:
         """Append a step of `kind`."""
         step = Step(position=len(self.steps) + 1, kind=kind, **fields)
         self.steps.append(step)
         return step
 
-    def result(self, answer: str, status: str, started: float) -> TurnResult:
+    def result(self, answer: str, status: TurnStatus, started: float) -> TurnResult:
         """The turn's outcome."""
         return TurnResult(answer, list(self.steps), status, None, self.model_calls, self.prompt_tokens,
                           self.completion_tokens, int((time.perf_counter() - started) * 1000))
@@ -105,7 +98,9 @@ class Agent:
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
         rules = TurnRules(self.limits.grammar, await self._tool_required(session, question, tools))
         conversation = start_conversation(self.limits.mode, history, question, state.tools, rules)
-        record = TurnRecord(question, state.result("", "", started), started_at, self.limits.mode, user_id, source_key)
+        # The record's result is a placeholder until the turn ends, one way or the other.
+        record = TurnRecord(question, state.result("", TurnStatus.ERROR, started), started_at, self.limits.mode,
+                            user_id, source_key)
         try:
             result = await self._run_bounded(conversation, state, question, started)
         except (LLMError, asyncio.CancelledError) as error:
@@ -137,12 +132,12 @@ class Agent:
             if isinstance(decision, FinalAnswer) and conversation.tool_required:
                 decision = FormatProblem(TOOL_FIRST_PROBLEM)
             if isinstance(decision, FinalAnswer):
-                state.record("final", thought=decision.thought, observation=decision.answer)
-                return state.result(decision.answer, "answered", started)
+                state.record(StepKind.FINAL, thought=decision.thought, observation=decision.answer)
+                return state.result(decision.answer, TurnStatus.ANSWERED, started)
             if isinstance(decision, FormatProblem):
                 ended = self._on_format_problem(conversation, state, completion, decision, question)
                 if ended is not None:
-                    return state.result(ended, "gave_up", started)
+                    return state.result(ended, TurnStatus.GAVE_UP, started)
                 continue
             conversation.add_results(completion, [await self._act(request, state) for request in decision])
         return await self._final_at_limit(conversation, state, question, started)
@@ -155,9 +150,9 @@ class Agent:
         """
         state.format_problems += 1
         error = "tool_required" if problem.reason == TOOL_FIRST_PROBLEM else "parse"
-        state.record("format_error", thought=completion.text[:500], error=error, observation=problem.reason)
+        state.record(StepKind.FORMAT_ERROR, thought=completion.text[:500], error=error, observation=problem.reason)
         if state.format_problems >= 2:
-            return apology(question, "format")
+            return apology("format", language_of(question))
         reminder = tool_first_reminder(state.tools) if error == "tool_required" else format_reminder(state.tools)
         conversation.add_reminder(completion, reminder)
         return None
@@ -168,8 +163,8 @@ class Agent:
         conversation.add_final_request()
         completion = await self._complete(conversation, state)
         answer = conversation.read_final(completion)
-        state.record("limit", observation=answer, error=None if answer else "no_answer")
-        return state.result(answer or apology(question, "steps"), "step_limit", started)
+        state.record(StepKind.LIMIT, observation=answer, error=None if answer else "no_answer")
+        return state.result(answer or apology("steps", language_of(question)), TurnStatus.STEP_LIMIT, started)
 
     async def _complete(self, conversation: Conversation, state: TurnState) -> Completion:
         if state.cancel.cancelled:
@@ -187,9 +182,9 @@ class Agent:
         """Run (or refuse, or replay) one tool request; record its step; return its observation."""
         started = time.perf_counter()
         key = arguments_key(request.tool, request.arguments)
-        kind, error = "tool", None
+        kind, error = StepKind.TOOL, None
         if request.arguments is not None and key in state.seen:
-            kind, observation = "repeated", f"{state.seen[key]}\n{REPEATED_CALL_NOTE.format(tool=request.tool)}"
+            kind, observation = StepKind.REPEATED, f"{state.seen[key]}\n{REPEATED_CALL_NOTE.format(tool=request.tool)}"
         elif request.input_error and (not request.tool or request.tool in (t.name for t in state.tools)):
             error, observation = "invalid_arguments", f"Error: {request.input_error}"
         else:
@@ -223,7 +218,7 @@ class Agent:
     async def _store_failure(self, session: Session, record: TurnRecord, state: TurnState, started: float,
                              error: BaseException) -> None:
         """Keep the failed turn's trace for /trace and /stats; never in the history, never under its source key."""
-        status = "cancelled" if isinstance(error, (LLMCancelled, asyncio.CancelledError)) else "error"
+        status = TurnStatus.CANCELLED if isinstance(error, (LLMCancelled, asyncio.CancelledError)) else TurnStatus.ERROR
         result = state.result(f"({type(error).__name__}: {error})", status, started)
         try:
             await self.memory.save_turn(session, replace(record, result=result, source_key=None), to_history=False)

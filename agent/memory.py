@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
 from agent.llm.base import Message
-from agent.steps import Step, TurnResult
-from migrations import Database
+from agent.steps import Step, StepKind, TurnResult, TurnStatus
+from db import Database
 
 HISTORY_ROWS_SCANNED = 400  # enough for any sane token budget; keeps the query bounded
 
@@ -36,7 +36,7 @@ class StoredTurn:
     id: int
     question: str
     answer: str
-    status: str
+    status: TurnStatus
     started_at: str
     duration_ms: int
     steps: list[Step]
@@ -121,7 +121,9 @@ class Memory:
         steps = await self.db.fetchall(
             "SELECT position, kind, thought, action, action_input, observation, error, duration_ms "
             "FROM steps WHERE turn_id = ? ORDER BY position", (row["id"],))
-        return StoredTurn(*row, steps=[Step(*step) for step in steps])
+        turn_id, question, answer, status, started_at, duration_ms = row
+        return StoredTurn(turn_id, question, answer, TurnStatus(status), started_at, duration_ms,
+                          [Step(position, StepKind(kind), *rest) for position, kind, *rest in steps])
 
 
 def _group_by_turn(rows: Sequence[Any]) -> list[list[Message]]:

@@ -6,7 +6,7 @@ call before its final answer). A chat's own value wins over the global one, whic
 
 from __future__ import annotations
 
-from migrations import Database
+from db import Database
 
 GLOBAL = "global"
 REQUIRE_TOOL_CALL = "require_tool_call"

@@ -6,7 +6,6 @@ The article's copy of these templates has typos ("as best you con", a missing "t
 from __future__ import annotations
 
 import json
-import re
 from typing import Sequence
 
 from tools.registry import Tool
@@ -55,9 +54,6 @@ REPEATED_CALL_NOTE = (
 )
 STEP_LIMIT_NOTE = "You have used all your steps. Give your Final Answer now, from what you already know."
 
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
-
-
 def tool_description(tool: Tool) -> str:
     """One tool in TOOL_DESC form, parameters in the article's list form."""
     return TOOL_DESC.format(
@@ -85,25 +81,3 @@ def format_reminder(tools: Sequence[Tool]) -> str:
 def tool_first_reminder(tools: Sequence[Tool]) -> str:
     """What the model is told when it answered before calling a tool the question required."""
     return TOOL_FIRST_REMINDER.format(tool_names=",".join(tool.name for tool in tools))
-
-
-def is_chinese(text: str) -> bool:
-    """Whether a question is written in Chinese (or another CJK script): apologies follow its language."""
-    return bool(_CJK.search(text))
-
-
-def apology(question: str, reason: str) -> str:
-    """A short, honest answer for a turn that could not finish; `reason` is 'steps', 'format' or 'error'."""
-    chinese = is_chinese(question)
-    texts = {
-        "steps": ("抱歉，我在允许的步骤内没能得出答案。请换个说法或把问题拆小一点再问。",
-                  "Sorry, I could not reach an answer within my step limit. Try rephrasing or splitting the question."),
-        "format": ("抱歉，我这次没能整理出答案（发送 /trace 可查看原因）。请换个说法再问一次。",
-                   "Sorry, I could not put an answer together this time (send /trace to see why). "
-                   "Please ask again, perhaps in other words."),
-        "error": ("抱歉，模型暂时出了问题，这次没能回答。请稍后再试。",
-                  "Sorry, the model ran into a problem and could not answer. Please try again in a moment."),
-        "timeout": ("抱歉，这次思考时间太长，已停止。请稍后再试或把问题问得简单些。",
-                    "Sorry, that took too long and was stopped. Please try again, or ask something simpler."),
-    }
-    return texts[reason][0 if chinese else 1]

@@ -3,7 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Union
+
+
+class StepKind(StrEnum):
+    """What one iteration of the loop did (the `steps.kind` column)."""
+
+    TOOL = "tool"  # ran (or tried to run) a tool
+    REPEATED = "repeated"  # asked for a call it had made already: the earlier observation was replayed
+    FINAL = "final"  # gave the final answer
+    FORMAT_ERROR = "format_error"  # a reply that was neither an action nor a final answer
+    LIMIT = "limit"  # the answer asked for once the step limit was reached
+
+
+class TurnStatus(StrEnum):
+    """How a turn ended (the `turns.status` column)."""
+
+    ANSWERED = "answered"  # a final answer
+    STEP_LIMIT = "step_limit"  # the step limit, then the answer asked for (or an apology)
+    GAVE_UP = "gave_up"  # the format reminder did not help: the model's usable text, or an apology
+    CANCELLED = "cancelled"  # /cancel or shutdown: kept for /stats, never in the history
+    ERROR = "error"  # the backend failed or timed out: kept for /stats, never in the history
+
+
+TOOL_KINDS = (StepKind.TOOL, StepKind.REPEATED)
 
 
 @dataclass(frozen=True)
@@ -43,7 +67,7 @@ class Step:
     """One iteration of the loop, as stored in the `steps` table and shown by /trace."""
 
     position: int
-    kind: str  # tool, repeated, final, format_error, limit
+    kind: StepKind
     thought: str = ""
     action: str = ""
     action_input: str = ""
@@ -58,7 +82,7 @@ class TurnResult:
 
     answer: str
     steps: list[Step]
-    status: str  # answered, step_limit, gave_up
+    status: TurnStatus
     turn_id: int | None = None
     model_calls: int = 0
     prompt_tokens: int = 0
@@ -68,29 +92,4 @@ class TurnResult:
     @property
     def tool_steps(self) -> list[Step]:
         """The steps that ran (or tried to run) a tool."""
-        return [step for step in self.steps if step.kind in ("tool", "repeated")]
-
-
-def format_trace(steps: list[Step], observation_chars: int = 300) -> str:
-    """The steps of a turn as plain text, one block per step (for `--trace`, `/trace`)."""
-    if not steps:
-        return "(no steps)"
-    return "\n\n".join(_format_step(step, observation_chars) for step in steps)
-
-
-def _format_step(step: Step, observation_chars: int) -> str:
-    lines = [f"#{step.position} {step.kind}" + (f" ({step.duration_ms} ms)" if step.duration_ms else "")]
-    if step.thought:
-        lines.append(f"Thought: {step.thought}")
-    if step.action:
-        lines.append(f"Action: {step.action}")
-        lines.append(f"Action Input: {step.action_input}")
-    if step.observation:
-        observation = step.observation
-        if len(observation) > observation_chars:
-            observation = observation[:observation_chars] + "…"
-        label = "Answer" if step.kind in ("final", "limit") else "Observation"
-        lines.append(f"{label}: {observation}")
-    if step.error:
-        lines.append(f"Error: {step.error}")
-    return "\n".join(lines)
+        return [step for step in self.steps if step.kind in TOOL_KINDS]

@@ -1,4 +1,5 @@
-"""Who may talk to the bot, who is an admin, and when a group message is addressed to the bot.
+"""Who may talk to the bot and who is an admin: policy only (whether a message is meant for the bot is decided
+with the question, in bot/questions.py).
 
 Access is closed by default. Admins (ADMIN_USER_IDS) may always talk. A user may talk when allowed by
 ALLOWED_USER_IDS or by an admin's `/allow ID`; in a group, everyone may talk when the group is allowed
@@ -8,14 +9,11 @@ what the environment gave. Every change is written to the audit log in the same 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from telegram import Message, MessageEntity
-
 from bot.config import Settings
-from migrations import Database
+from db import Database
 
 GROUP_TYPES = ("group", "supergroup")
 
@@ -98,48 +96,3 @@ async def audit(db: Database, user_id: int | None, chat_id: int | None, action: 
     """Write one audit row in its own transaction."""
     async with db.transaction() as conn:
         await insert_audit(conn, user_id, chat_id, action, detail)
-
-
-# --- group addressing ------------------------------------------------------------------------------------------
-
-def is_group(message: Message) -> bool:
-    """Whether the message comes from a group or supergroup."""
-    return message.chat.type in GROUP_TYPES
-
-
-def addressed_question(message: Message, bot_username: str, bot_id: int) -> str | None:
-    """The question in a text message meant for the bot, mention stripped; None when not meant for it.
-
-    In a private chat every message is meant for the bot. In a group it must mention `@bot_username` or reply
-    to one of the bot's messages (`/ask` is its own command handler).
-    """
-    text = message.text or ""
-    if not is_group(message):
-        return text.strip()
-    mention = _mention_of(message, bot_username)
-    if mention is not None:
-        return _strip_span(text, mention)
-    replied = message.reply_to_message
-    if replied is not None and replied.from_user is not None and replied.from_user.id == bot_id:
-        return text.strip()
-    return None
-
-
-def _mention_of(message: Message, bot_username: str) -> tuple[int, int] | None:
-    """(start, end) in Python indices of the first @bot_username mention, from Telegram's entities."""
-    wanted = "@" + bot_username.lower()
-    for entity, value in message.parse_entities([MessageEntity.MENTION]).items():
-        if value.lower() == wanted:
-            start = (message.text or "").find(value)
-            return start, start + len(value)
-    return None
-
-
-def _strip_span(text: str, span: tuple[int, int]) -> str:
-    """Text without the span, with the commas and spaces that went with it tidied ("x, @bot?" → "x?")."""
-    left = text[:span[0]].rstrip().rstrip(",，:：").rstrip()
-    right = text[span[1]:].lstrip(" ,，:：")
-    if not left or not right:
-        return (left or right).strip()
-    separator = "" if right[0] in "?!.。？！，,;；" else " "
-    return re.sub(r"\s{2,}", " ", left + separator + right).strip()

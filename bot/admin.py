@@ -11,10 +11,10 @@ from telegram import Update
 from agent.options import REQUIRE_TOOL_CALL
 from bot.access import audit
 from bot.context import BotContext
-from bot.handlers import reply, session_for
+from bot.chat import reply, session_for
 from bot.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
 from tools.courses import FIELDS, FIELD_LABELS
-from tools.errors import CourseError
+from tools.errors import CourseError, UnknownTool
 from tools.settings import GLOBAL
 
 USAGE = {
@@ -81,7 +81,7 @@ async def switch_tool(update: Update, context: BotContext, command: str, enabled
     name, scope = args[0], GLOBAL if len(args) == 2 else session_for(update.effective_message).chat_key
     try:
         await context.services.tool_settings.set_enabled(name, enabled, scope)
-    except KeyError:
+    except UnknownTool:
         known = ", ".join(context.services.registry.names)
         return await reply(update.effective_message, f"❌ No tool named {name!r}. Tools: {known}")
     await record(update, context, command, f"{name} scope={scope}")

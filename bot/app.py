@@ -4,7 +4,7 @@
     await serve(app, settings, stop_event)         # until stop_event is set (SIGINT/SIGTERM in `qwenbot run`)
 
 `post_init` starts the services (database, model, agent) and registers the command menu; `post_shutdown` closes
-them. `serve` feeds updates through the journal in bot/delivery.py and, on stop, lets running turns finish for
+them. `serve` feeds updates through the journal in bot/intake.py and, on stop, lets running turns finish for
 SHUTDOWN_GRACE_SECONDS before stopping the rest (their updates are handled again after the restart).
 """
 
@@ -25,7 +25,7 @@ from agent.llm.base import LLM
 from bot import admin, handlers
 from bot.config import Settings
 from bot.context import SERVICES, TURNS, BotContext, runtime_data
-from bot.delivery import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, consume_queue
+from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, consume_queue
 from bot.replies import quietly
 from bot.services import Services, start_services
 
@@ -82,7 +82,7 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
         .context_types(ContextTypes(context=BotContext))
         .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram_messages_per_second,
                                      group_max_rate=settings.telegram_group_messages_per_minute, max_retries=2))
-        .updater(None)  # updates come through bot/delivery.py, journaled
+        .updater(None)  # updates come through bot/intake.py, journaled
         .post_init(_post_init(settings, services_factory or start))
         .post_shutdown(_post_shutdown)
         .build()

@@ -18,20 +18,20 @@ from typing import Awaitable, Callable, Sequence
 
 from agent.errors import LLMError, LLMTimeout
 from agent.memory import Session
-from agent.prompts import apology
-from agent.steps import format_trace
+from agent.apologies import apology, language_of
+from agent.traces import render_trace
 from bot.config import ConfigError, Settings
-from bot.evaluation import EvalFileError, copy_database, evaluate, load_cases, summary
+from bot.evaluation import copy_database, evaluate, load_cases, summary
 from bot.logs import configure_logging
 from bot.services import Services, start_services
-from migrations import MigrationError, open_database
+from db import BotError, open_database
 from tools import build_registry
 from tools.settings import GLOBAL, ToolSettings
 
 log = logging.getLogger("qwenbot")
 
 # Failures a user can act on: shown as one line, never as a traceback.
-USER_ERRORS = (ConfigError, EvalFileError, LLMError, MigrationError, OSError)
+USER_ERRORS = (BotError, OSError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,7 +112,7 @@ def ask_command(settings: Settings, args: argparse.Namespace) -> int:
         finally:
             await services.close()
         if args.trace:
-            print(format_trace(result.steps), end="\n\n")
+            print(render_trace(result.steps), end="\n\n")
         print(result.answer)
         return 0
     return run_async(job)
@@ -178,12 +178,12 @@ async def chat_reply(services: Services, session: Session, text: str) -> str:
         return f"History cleared ({removed} messages)."
     if text == "/trace":
         turn = await services.memory.last_turn(session.id)
-        return format_trace(turn.steps) if turn else "No turn yet."
+        return render_trace(turn.steps) if turn else "No turn yet."
     try:
         return (await services.agent.run(session, text)).answer
     except LLMError as error:
         log.warning("turn failed: %s", error)
-        return apology(text, "timeout" if isinstance(error, LLMTimeout) else "error")
+        return apology("timeout" if isinstance(error, LLMTimeout) else "error", language_of(text))
 
 
 async def read_line(prompt: str) -> str | None:

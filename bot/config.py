@@ -13,14 +13,18 @@ from typing import Any, Callable, Mapping
 
 from dotenv import load_dotenv
 
+from agent.grammar import GrammarLimits
+from agent.llm.base import MODEL_DTYPES
+from agent.loop import AgentLimits
+from db.errors import BotError
+
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
-MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 OPENAI_GRAMMARS = ("off", "vllm", "sglang", "llama.cpp")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-class ConfigError(ValueError):
+class ConfigError(BotError, ValueError):
     """A setting has a value the bot cannot use; the message names the variable."""
 
 
@@ -48,26 +52,26 @@ class Settings:
     openai_timeout_seconds: float = 60.0
     openai_max_retries: int = 3
     openai_grammar: str = "off"
-    agent_mode: str = "react"
+    agent_mode: str = AgentLimits.mode
     scripted_replies_path: str = ""
     scripted_delay_seconds: float = 0.0
     tokenizer_vocab_path: Path = Path("data/qwen.tiktoken")
     admin_user_ids: frozenset[int] = field(default_factory=frozenset)
     allowed_user_ids: frozenset[int] = field(default_factory=frozenset)
     allowed_chat_ids: frozenset[int] = field(default_factory=frozenset)
-    max_steps: int = 6
-    max_new_tokens: int = 512
-    constrained_decoding: bool = True
-    thought_max_tokens: int = 128
-    tool_string_max_chars: int = 200
-    require_tool_call: bool = False
+    max_steps: int = AgentLimits.max_steps
+    max_new_tokens: int = AgentLimits.max_new_tokens
+    constrained_decoding: bool = AgentLimits.grammar is not None
+    thought_max_tokens: int = GrammarLimits.thought_max_tokens
+    tool_string_max_chars: int = GrammarLimits.string_max_chars
+    require_tool_call: bool = AgentLimits.require_tool_call
     course_names_free_text: bool = False
     tool_timeout_seconds: float = 10.0
-    history_token_budget: int = 2000
-    observation_max_chars: int = 2000
+    history_token_budget: int = AgentLimits.history_token_budget
+    observation_max_chars: int = AgentLimits.observation_max_chars
     batch_size: int = 8
     batch_wait_ms: int = 20
-    turn_timeout_seconds: float = 180.0
+    turn_timeout_seconds: float = AgentLimits.turn_timeout_seconds
     progress_after_seconds: float = 2.0
     typing_interval_seconds: float = 4.0
     shutdown_grace_seconds: float = 10.0

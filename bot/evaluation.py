@@ -33,6 +33,7 @@ from agent.errors import LLMError, LLMTimeout
 from agent.loop import Agent
 from agent.memory import Session
 from agent.steps import TurnResult
+from db.errors import BotError
 
 FAILURES = {
     "timeout": "timeout",
@@ -46,7 +47,7 @@ FAILURES = {
 EVAL_CHAT = "eval"  # the chat key whose tool settings a run uses (none of its own: the global ones)
 
 
-class EvalFileError(ValueError):
+class EvalFileError(BotError, ValueError):
     """A question file that cannot be read; the message names the file and line."""
 
 

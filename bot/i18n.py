@@ -1,9 +1,11 @@
 """What the bot says to users, in Chinese or English, chosen from Telegram's `language_code`.
 
-Admin replies stay in English: they are short, technical, and quote command syntax.
+Apologies for failed turns come from agent/apologies.py, their one home. Admin replies stay in English: they are short, technical, and quote command syntax.
 """
 
 from __future__ import annotations
+
+from agent.apologies import APOLOGIES
 
 TEXTS: dict[str, dict[str, str]] = {
     "start": {
@@ -78,22 +80,10 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "本聊天没有启用任何工具。",
         "en": "No tool is enabled here.",
     },
-    "timeout": {
-        "zh": "抱歉，这次回答用时太长，已经停止。请换个问法再试一次。",
-        "en": "Sorry, this answer took too long and was stopped. Please try again, perhaps phrased differently.",
-    },
-    "model_error": {
-        "zh": "抱歉，模型暂时无法回答，请稍后再试。",
-        "en": "Sorry, the model cannot answer right now. Please try again in a moment.",
-    },
-    "busy": {
-        "zh": "抱歉，数据库正忙，这次的回答没能保存。请稍后再问一次。",
-        "en": "Sorry, the database is busy and this answer could not be saved. Please ask again in a moment.",
-    },
-    "apology": {
-        "zh": "抱歉，出了点问题，请稍后再试。",
-        "en": "Sorry, something went wrong. Please try again in a moment.",
-    },
+    "timeout": APOLOGIES["timeout"],
+    "model_error": APOLOGIES["error"],
+    "busy": APOLOGIES["busy"],
+    "apology": APOLOGIES["bug"],
 }
 
 

@@ -11,11 +11,17 @@ import contextlib
 import html
 import logging
 import re
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 from telegram import Bot, Message, ReplyParameters
 from telegram.constants import ChatAction, MessageLimit, ParseMode
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError
+
+from agent.memory import StoredTurn
+from agent.steps import TOOL_KINDS
+from agent.traces import render_trace, shorten
+from bot.i18n import text
+from tools.registry import Tool
 
 log = logging.getLogger(__name__)
 
@@ -260,3 +266,24 @@ class _Missing:
 
 
 _NO_MESSAGE: Message = _Missing()  # type: ignore[assignment]
+
+
+# --- what the user commands show -------------------------------------------------------------------------------
+
+def trace_text(turn: StoredTurn | None, lang: str) -> str:
+    """/trace: a stored turn's steps (tool, input, observation, time), long texts shortened; or that there is none."""
+    if turn is None:
+        return text("no_trace", lang)
+    lines = [text("trace_header", lang, status=turn.status, seconds=turn.duration_ms / 1000), f"❓ {turn.question}"]
+    if steps := render_trace(turn.steps, compact=True):
+        lines.append(steps)
+    if not any(step.kind in TOOL_KINDS for step in turn.steps):
+        lines.append(text("trace_no_steps", lang))
+    lines.append(f"💬 {shorten(turn.answer)}")
+    return "\n".join(lines)
+
+
+def tools_text(enabled: Sequence[Tool], lang: str) -> str:
+    """/tools: the tools enabled in a chat, or that there is none."""
+    lines = [f"• {tool.name} — {tool.human_name}" for tool in enabled]
+    return "\n".join([text("tools_header", lang), *lines]) if lines else text("no_tools", lang)

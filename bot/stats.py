@@ -10,7 +10,8 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from migrations import Database
+from agent.steps import TOOL_KINDS, StepKind, TurnStatus
+from db import Database
 
 DEFAULT_DAYS = 7
 MAX_DAYS = 366
@@ -66,10 +67,10 @@ async def usage_report(db: Database, days: int = DEFAULT_DAYS) -> Report:
     rows = await db.fetchall(
         "SELECT substr(t.started_at, 1, 10), s.chat_id, COALESCE(s.title, ''), t.session_id, t.status, "
         "t.duration_ms, "
-        "(SELECT count(*) FROM steps st WHERE st.turn_id = t.id AND st.kind IN ('tool', 'repeated')), "
-        "(SELECT count(*) FROM steps st WHERE st.turn_id = t.id AND st.kind = 'tool' AND st.error IS NOT NULL) "
+        "(SELECT count(*) FROM steps st WHERE st.turn_id = t.id AND st.kind IN (?, ?)), "
+        "(SELECT count(*) FROM steps st WHERE st.turn_id = t.id AND st.kind = ? AND st.error IS NOT NULL) "
         "FROM turns t LEFT JOIN sessions s ON s.id = t.session_id WHERE t.started_at >= ? ORDER BY t.started_at",
-        (since,))
+        (*TOOL_KINDS, StepKind.TOOL, since))
     by_day: dict[str, Figures] = {}
     by_chat: dict[str, Figures] = {}
     total = Figures("Total")
@@ -84,6 +85,6 @@ async def usage_report(db: Database, days: int = DEFAULT_DAYS) -> Report:
 def _add(figures: Figures, status: str, duration_ms: int, tool_calls: int, tool_errors: int) -> None:
     figures.turns += 1
     figures.tool_calls += tool_calls
-    figures.errors += tool_errors + (status == "error")
-    if status != "cancelled":
+    figures.errors += tool_errors + (status == TurnStatus.ERROR)
+    if status != TurnStatus.CANCELLED:
         figures.durations_ms.append(duration_ms)

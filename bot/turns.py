@@ -61,8 +61,8 @@ class TurnScheduler:
         self._slots: set[TurnSlot] = set()
         self.closing = False
         # Updates whose turn shutdown stopped before it answered, or whose answer Telegram never took: the journal
-        # keeps them unhandled, to be handled again after a restart.
-        self.interrupted: set[int] = set()
+        # keeps them unhandled, to be handled again after a restart. Only this class writes or reads the set.
+        self._kept_for_restart: set[int] = set()
 
     def reserve(self, session_id: str, user_id: int, update_id: int | None = None) -> TurnSlot:
         """Take the next place in line for `session_id` and `user_id` (synchronous: call before any await)."""
@@ -90,8 +90,8 @@ class TurnScheduler:
     def release(self, slot: TurnSlot) -> None:
         """The slot's turn is over (answered, refused or cancelled): let the next ones go."""
         slot.running = False
-        if slot.cancelled_by == BY_SHUTDOWN and not slot.answered and slot.update_id is not None:
-            self.interrupted.add(slot.update_id)
+        if slot.cancelled_by == BY_SHUTDOWN and not slot.answered:
+            self.keep_for_restart(slot)
         if not slot.done.done():
             slot.done.set_result(None)
         self._slots.discard(slot)
@@ -100,6 +100,15 @@ class TurnScheduler:
             del self._session_tail[slot.session_id]
         if self._user_tail.get(slot.user_id) is slot:
             del self._user_tail[slot.user_id]
+
+    def keep_for_restart(self, slot: TurnSlot) -> None:
+        """Leave the slot's update unhandled in the journal, to be handled again after a restart."""
+        if slot.update_id is not None:
+            self._kept_for_restart.add(slot.update_id)
+
+    def kept_for_restart(self, update_id: int) -> bool:
+        """Whether the update's turn was interrupted (shutdown, or Telegram never took the answer)."""
+        return update_id in self._kept_for_restart
 
     def cancel(self, session_id: str, user_id: int | None = None) -> int:
         """Cancel the waiting and running turns of a session (only `user_id`'s, when given); how many."""

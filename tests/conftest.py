@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from migrations import Database, open_database
+from db import Database, open_database
 from tools import ToolRegistry, build_registry
 
 

@@ -13,7 +13,7 @@ from agent.llm.scripted import ScriptedLLM
 from agent.loop import Agent, AgentLimits
 from agent.memory import Memory, Session
 from agent.prompts import REACT_STOP
-from migrations import Database
+from db import Database
 from tools.registry import Tool, ToolRegistry
 from tools.settings import ToolSettings
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from bot.config import Settings
-from migrations.runner import MIGRATIONS_FOLDER, discover
+from db.migrate import MIGRATIONS_FOLDER, discover
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = [m.name for m in discover(MIGRATIONS_FOLDER)]

@@ -20,7 +20,7 @@ from agent.grammar import Grammar, GrammarLimits
 from agent.llm.local import LocalLLM
 from agent.react import parse_react
 from agent.steps import ToolRequest
-from migrations import open_database
+from db import open_database
 from tools import build_registry
 from tools.registry import tools_for_turn, validation_problem
 

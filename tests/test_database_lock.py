@@ -12,7 +12,7 @@ import pytest
 from agent.llm.scripted import ScriptedLLM
 from agent.loop import Agent
 from agent.memory import Memory, Session
-from migrations import open_database
+from db import open_database
 from tools import build_registry
 from tools.settings import ToolSettings
 

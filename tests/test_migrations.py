@@ -8,8 +8,8 @@ from pathlib import Path
 import aiosqlite
 import pytest
 
-from migrations import DatabaseOpenError, MigrationError, apply_migrations, open_database
-from migrations.runner import MIGRATIONS_FOLDER, discover
+from db import DatabaseOpenError, MigrationError, apply_migrations, open_database
+from db.migrate import MIGRATIONS_FOLDER, discover
 
 FOUNDATION = [
     "0001_chats_and_messages", "0002_turn_traces", "0003_courses", "0004_tool_settings", "0005_audit_log",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
-from agent.llm import build_llm
+from bot.services import build_llm
 from agent.llm.base import CancelToken, ToolCall
 from agent.grammar import Grammar
 from agent.llm.openai import OpenAILLM

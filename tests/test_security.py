@@ -2,7 +2,7 @@
 data offered to the model, SQL that treats every user text as data, and `.env` kept out of git.
 
 Asserted elsewhere and not repeated: strangers get their id and nothing else (test_telegram_private.py), a group
-that is not allowed (test_telegram_groups.py), webhook updates with a wrong secret refused (test_telegram_delivery.py),
+that is not allowed (test_telegram_groups.py), webhook updates with a wrong secret refused (test_telegram_intake.py),
 credentials in OPENAI_BASE_URL kept out of messages (test_openai_backend.py), names with SQL in the course catalogue
 (test_courses.py), and every bad input through the running bot (test_bad_input.py).
 """
@@ -33,7 +33,7 @@ from agent.prompts import react_prompt
 from agent.steps import TurnResult
 from bot.access import audit
 from bot.logs import REDACTED, configure_logging
-from migrations import Database
+from db import Database
 from tests.fakes.telegram_bot import ADMIN, ALICE, BOB, CAROL, TEAM, final, private_chat, running_bot
 from tests.fakes.telegram_server import FakeTelegramServer, User
 from tests.test_bad_input import SEED_COURSES, start_shared_bot, stop_shared_bot

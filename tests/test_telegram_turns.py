@@ -7,7 +7,7 @@ import datetime as dt
 
 from telegram import Chat, Message, MessageEntity, User
 
-from bot.access import addressed_question
+from bot.questions import addressed_question
 from bot.turns import BY_SHUTDOWN, TurnScheduler
 
 BOT_ID, BOT_NAME = 777000, "qwen_test_bot"
@@ -82,12 +82,13 @@ async def test_a_cancelled_waiting_turn_never_runs_and_shutdown_marks_it_interru
     scheduler.release(running)
     assert await scheduler.wait_turn(queued) is False
     scheduler.release(queued)
-    assert scheduler.interrupted == set()  # cancelled by the user: done with, not to be redone
+    # cancelled by the user: done with, not to be redone
+    assert not scheduler.kept_for_restart(10) and not scheduler.kept_for_restart(11)
 
     stopped = scheduler.reserve("chat", 2, update_id=12)
     assert scheduler.cancel_all() == 1 and stopped.cancelled_by == BY_SHUTDOWN
     scheduler.release(stopped)
-    assert scheduler.interrupted == {12}
+    assert scheduler.kept_for_restart(12)
 
 
 def group_message(text: str, *, entities: list[MessageEntity] = (), reply_to: Message | None = None,

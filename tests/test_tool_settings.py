@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from migrations import open_database
+from db import open_database
 from tools import Tool, ToolRegistry, build_registry
 from tools.settings import GLOBAL, ToolSettings
 

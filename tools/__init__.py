@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from migrations import Database
+from db import Database
 from tools.calculator import CALCULATOR
 from tools.courses import CourseCatalog
 from tools.registry import Tool, ToolRegistry, ToolResult

@@ -21,7 +21,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from migrations import Database
+from db import Database
 from tools.errors import CourseError
 from tools.registry import Tool
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from migrations import Database
+from db import Database
+from tools.errors import UnknownTool
 from tools.registry import Tool, ToolRegistry
 
 GLOBAL = "global"
@@ -51,7 +52,7 @@ class ToolSettings:
     async def set_enabled(self, tool_name: str, enabled: bool, scope: str = GLOBAL) -> None:
         """Turn a tool on or off for `scope` (a chat key, or GLOBAL); unknown names are refused."""
         if tool_name not in self.registry:
-            raise KeyError(tool_name)
+            raise UnknownTool(f"no tool named {tool_name!r}")
         async with self.db.transaction() as conn:
             await conn.execute(
                 "INSERT INTO tool_settings (scope, tool_name, enabled) VALUES (?, ?, ?) "

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 Message = dict[str, Any]
 
+# The values of MODEL_DTYPE: `auto` lets the backend choose for the hardware it runs on.
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class ToolCall:

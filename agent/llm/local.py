@@ -13,23 +13,17 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from agent.errors import LLMError, ModelLoadError
 from agent.grammar import Grammar
-from agent.llm.base import LLM, CancelToken, Completion, Message
+from agent.llm.base import LLM, MODEL_DTYPES, CancelToken, Completion, Message
 from agent.llm.constraints import GrammarEngine
 from agent.llm.worker import Job, LoadedModel, ModelWorker
-
-if TYPE_CHECKING:
-    from bot.config import Settings
 
 log = logging.getLogger(__name__)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
 @dataclass(frozen=True)
 class ModelSource:
     """Where `MODEL` points: what to hand `from_pretrained`, and the GGUF file inside it if any."""
@@ -72,8 +66,8 @@ def choose_dtype(setting: str, on_gpu: bool) -> Any:
 
 def check_dtype_setting(setting: str) -> None:
     """Refuse an unknown MODEL_DTYPE before anything slow happens."""
-    if setting not in DTYPES:
-        raise ModelLoadError(f"MODEL_DTYPE must be one of {', '.join(DTYPES)}, got {setting!r}")
+    if setting not in MODEL_DTYPES:
+        raise ModelLoadError(f"MODEL_DTYPE must be one of {', '.join(MODEL_DTYPES)}, got {setting!r}")
 
 
 def load_model(source: ModelSource, device_map: str, dtype_setting: str, native_tools: bool = False) -> LoadedModel:
@@ -148,13 +142,6 @@ class LocalLLM(LLM):
         self.min_new_tokens = min_new_tokens  # benchmarks only: fixed-length generations
         self._worker: ModelWorker | None = None
         self._counter: Any = None  # the event loop's own tokenizer, for count_tokens
-
-    @classmethod
-    def from_settings(cls, settings: "Settings") -> "LocalLLM":
-        """Build from MODEL, MODEL_DEVICE_MAP, MODEL_DTYPE, BATCH_SIZE, BATCH_WAIT_MS; nothing loads until `start()`."""
-        return cls(settings.model, device_map=settings.model_device_map,
-                   dtype=settings.model_dtype, batch_size=settings.batch_size,
-                   batch_wait_ms=settings.batch_wait_ms, native_tools=settings.agent_mode == "native")
 
     async def start(self) -> None:
         """Load the model on its thread and wait for it; raises `ModelLoadError` with one clear line."""

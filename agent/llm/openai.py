@@ -21,7 +21,7 @@ import json
 import logging
 import re
 from collections import deque
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import openai
@@ -30,10 +30,7 @@ from openai import AsyncOpenAI
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.grammar import Grammar
 from agent.llm.base import LLM, CancelToken, Completion, Message, ToolCall, trim_at_stop
-from agent.tokens import TokenCounter, estimate_tokens, qwen_token_counter
-
-if TYPE_CHECKING:
-    from bot.config import Settings
+from agent.tokens import TokenCounter, estimate_tokens
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +75,6 @@ class OpenAILLM(LLM):
         self._count = count_tokens
         self._client = AsyncOpenAI(
             base_url=base_url, api_key=self._api_key, timeout=timeout_seconds, max_retries=max_retries
-        )
-
-    @classmethod
-    def from_settings(cls, settings: "Settings") -> "OpenAILLM":
-        """Build the backend from OPENAI_* settings; the model is OPENAI_MODEL, or else MODEL."""
-        return cls(
-            base_url=settings.openai_base_url,
-            model=settings.openai_model or settings.model,
-            api_key=settings.openai_api_key,
-            timeout_seconds=settings.openai_timeout_seconds,
-            max_retries=settings.openai_max_retries,
-            count_tokens=qwen_token_counter(settings.tokenizer_vocab_path),
-            grammar=settings.openai_grammar,
         )
 
     @property

@@ -25,7 +25,7 @@ from telegram.ext import Application
 from agent.llm.scripted import Reply, ScriptedLLM
 from bot.app import build_application, serve
 from bot.config import Settings
-from migrations import Database, open_database
+from db import Database, open_database
 from tests.fakes.telegram_server import Chat, FakeTelegramServer, User, group_chat, private_chat
 
 ADMIN = User(42, "Ada", "en", username="ada")

@@ -1,4 +1,4 @@
-"""Apply the `NNNN_name.sql` files of this folder, in order, each once, each in its own transaction.
+"""Apply the `NNNN_name.sql` files of `db/migrations/`, in order, each once, each in its own transaction.
 
 A file and its record in `schema_migrations` commit together, so a file that fails half-way leaves nothing
 behind and is tried again next time. Files are never edited after they land: a fix is a new file.
@@ -12,12 +12,10 @@ from pathlib import Path
 
 import aiosqlite
 
-MIGRATIONS_FOLDER = Path(__file__).parent
+from db.errors import MigrationError
+
+MIGRATIONS_FOLDER = Path(__file__).parent / "migrations"
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
-
-
-class MigrationError(RuntimeError):
-    """A migration file failed; the database is as it was before that file."""
 
 
 @dataclass(frozen=True)

@@ -10,57 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections import deque
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable
 
 import aiosqlite
 
-from migrations.runner import MIGRATIONS_FOLDER, apply_migrations
-
-
-class DatabaseOpenError(OSError):
-    """The file at the database path cannot be used: a folder, not an SQLite file, or not writable."""
-
-
-class WriteLock:
-    """One holder at a time; waiters that are `urgent` get it before the others, each line first come first served."""
-
-    def __init__(self) -> None:
-        self._held = False
-        self._lines: tuple[deque[asyncio.Future], deque[asyncio.Future]] = (deque(), deque())  # urgent, ordinary
-
-    @asynccontextmanager
-    async def hold(self, urgent: bool = False) -> AsyncIterator[None]:
-        """Hold the lock for the block."""
-        await self._acquire(urgent)
-        try:
-            yield
-        finally:
-            self._release()
-
-    async def _acquire(self, urgent: bool) -> None:
-        if not self._held:  # free, so nobody waits: a release hands the lock straight to the next waiter
-            self._held = True
-            return
-        turn = asyncio.get_running_loop().create_future()
-        self._lines[0 if urgent else 1].append(turn)
-        try:
-            await turn
-        except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():
-                self._release()  # handed over just as we were cancelled: pass it on
-            raise
-
-    def _release(self) -> None:
-        for line in self._lines:
-            while line:
-                turn = line.popleft()
-                if not turn.done():  # a cancelled waiter's turn is skipped
-                    turn.set_result(None)  # handed over: the lock stays held
-                    return
-        self._held = False
+from db.errors import DatabaseBusy, DatabaseOpenError, is_busy
+from db.migrate import MIGRATIONS_FOLDER, apply_migrations
+from db.write_lock import WriteLock
 
 
 class Database:
@@ -78,13 +36,23 @@ class Database:
         async with self._write_lock.hold(urgent):
             # IMMEDIATE takes the write lock now, so a busy database makes us wait here (busy_timeout),
             # not fail half-way through the block.
-            await self.conn.execute("BEGIN IMMEDIATE")
+            await self._execute_or_busy("BEGIN IMMEDIATE")
             try:
                 yield self.conn
+                await self._execute_or_busy("COMMIT")
             except BaseException:
-                await self.conn.execute("ROLLBACK")
+                if self.conn.in_transaction:
+                    await self.conn.execute("ROLLBACK")
                 raise
-            await self.conn.execute("COMMIT")
+
+    async def _execute_or_busy(self, sql: str) -> None:
+        """Run `sql`; another process's lock held past the busy timeout becomes a `DatabaseBusy`."""
+        try:
+            await self.conn.execute(sql)
+        except sqlite3.OperationalError as error:
+            if not is_busy(error):
+                raise
+            raise DatabaseBusy(str(error)) from error
 
     async def fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[aiosqlite.Row]:
         """All rows of a query."""

@@ -24,7 +24,7 @@ from telegram.ext import Application
 
 from bot.replies import quietly, retry_after_seconds
 from bot.turns import TurnScheduler
-from migrations import Database
+from db import Database
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Dispatcher:
             await self.application.process_update(update)
         finally:
             try:
-                if update.update_id not in self.turns.interrupted:
+                if not self.turns.kept_for_restart(update.update_id):
                     await self._mark_handled(update.update_id)
             finally:
                 # Only now: `finish` waits for what is in `tasks`, and the database must outlive the marking.

@@ -1,0 +1,49 @@
+"""The honest short answers for turns that could not finish: one home for every apology a user may read.
+
+The agent uses them in the question's language; the Telegram bot (bot/i18n.py) in the sender's.
+"""
+
+from __future__ import annotations
+
+import re
+
+APOLOGIES: dict[str, dict[str, str]] = {
+    "steps": {
+        "zh": "抱歉，我在允许的步骤内没能得出答案。请换个说法或把问题拆小一点再问。",
+        "en": "Sorry, I could not reach an answer within my step limit. Try rephrasing or splitting the question.",
+    },
+    "format": {  # the model's raw text is never the answer: /trace shows it, and why it was not used
+        "zh": "抱歉，我这次没能整理出答案（发送 /trace 可查看原因）。请换个说法再问一次。",
+        "en": "Sorry, I could not put an answer together this time (send /trace to see why). "
+              "Please ask again, perhaps in other words.",
+    },
+    "error": {
+        "zh": "抱歉，模型暂时无法回答，请稍后再试。",
+        "en": "Sorry, the model cannot answer right now. Please try again in a moment.",
+    },
+    "timeout": {
+        "zh": "抱歉，这次回答用时太长，已经停止。请换个问法再试一次。",
+        "en": "Sorry, this answer took too long and was stopped. Please try again, perhaps phrased differently.",
+    },
+    "busy": {
+        "zh": "抱歉，数据库正忙，这次的回答没能保存。请稍后再问一次。",
+        "en": "Sorry, the database is busy and this answer could not be saved. Please ask again in a moment.",
+    },
+    "bug": {
+        "zh": "抱歉，出了点问题，请稍后再试。",
+        "en": "Sorry, something went wrong. Please try again in a moment.",
+    },
+}
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+
+
+def language_of(text: str) -> str:
+    """'zh' when the text is written in Chinese (or another CJK script), else 'en': apologies follow it."""
+    return "zh" if _CJK.search(text) else "en"
+
+
+def apology(reason: str, lang: str) -> str:
+    """The apology for `reason` (a key of APOLOGIES: steps, format, error, timeout, busy, bug) in `lang`."""
+    variants = APOLOGIES[reason]
+    return variants.get(lang, variants["en"])

@@ -1,0 +1,153 @@
+"""The question path: whether a message is meant for the bot, its place in line, access at the start of its
+turn, running the agent with feedback, and delivering the answer.
+
+Questions go through the turn scheduler (bot/turns.py): in order per chat, one at a time per user.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import unicodedata
+
+from telegram import Message, MessageEntity, Update, User
+from telegram.error import NetworkError, RetryAfter
+
+from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.memory import Session
+from bot.chat import allowed, is_group, reply, session_for, topic_of, user_language
+from bot.context import BotContext
+from bot.i18n import text
+from bot.replies import TurnFeedback, quietly
+from bot.turns import BY_SHUTDOWN, BY_USER, TurnSlot
+from db import DatabaseBusy
+
+log = logging.getLogger(__name__)
+
+
+async def answer_question(update: Update, context: BotContext, question: str) -> None:
+    """Take the question's place in line, check access, wait for its turn, run it and reply."""
+    message, user = update.effective_message, update.effective_user
+    lang = user_language(update)
+    if user is None:
+        return
+    if is_blank(question):
+        await reply(message, text("ask_usage", lang))
+        return
+    session = session_for(message)
+    # The place in line is taken before the first await, so turns keep the order the updates came in.
+    slot = context.turns.reserve(session.id, user.id, update.update_id)
+    try:
+        if not await allowed(update, context):
+            return
+        if slot.behind_own_turn:
+            await quietly(reply(message, text("queued", lang)), "the queued notice")
+        if await context.turns.wait_turn(slot):
+            prompt = f"{asker_name(user)}: {question}" if is_group(message) else question
+            await run_turn(context, message, session, prompt, slot, lang)
+    finally:
+        context.turns.release(slot)
+
+
+async def run_turn(context: BotContext, message: Message, session: Session, question: str, slot: TurnSlot,
+                   lang: str) -> None:
+    """Run the agent with typing and progress feedback; send the answer (or a short apology)."""
+    settings = context.settings
+    feedback = TurnFeedback(context.bot, message.chat_id, placeholder=text("thinking", lang),
+                            reply_to=message.message_id, thread_id=topic_of(message),
+                            typing_every=settings.typing_interval_seconds,
+                            progress_after=settings.progress_after_seconds)
+    try:
+        async with feedback:
+            answer = await agent_answer(context, session, question, slot, lang, feedback)
+        if answer is not None:
+            await deliver(context, message, answer, slot)
+    finally:
+        await feedback.remove()  # the answer (or the apology of the error handler) replaces it
+
+
+async def deliver(context: BotContext, message: Message, answer: str, slot: TurnSlot) -> None:
+    """Send the answer; if Telegram stays unreachable past the send's patience, leave the update for a restart."""
+    try:
+        await reply(message, answer)
+    except (NetworkError, RetryAfter):
+        # The turn is stored already: left unhandled in the journal, its update is answered from the store after
+        # the next start (bot/intake.py) instead of being lost. The error handler still logs the failure.
+        context.turns.keep_for_restart(slot)
+        raise
+    slot.answered = True
+
+
+async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
+                       feedback: TurnFeedback) -> str | None:
+    """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
+    source_key = f"tg:update:{slot.update_id}" if slot.update_id is not None else None
+    if source_key and (stored := await context.services.memory.stored_answer(source_key)) is not None:
+        return stored  # a redelivered update (restart): answer it again, do not store it twice
+    try:
+        result = await context.services.agent.run(session, question, user_id=slot.user_id, source_key=source_key,
+                                                  on_progress=feedback.show, cancel=slot.cancel)
+    except LLMTimeout:
+        return text("timeout", lang)
+    except LLMCancelled:
+        # /cancel already said "stopped"; a turn stopped by shutdown stays unhandled in the update journal and is
+        # answered after the restart (bot/intake.py).
+        return None if slot.cancelled_by in (BY_USER, BY_SHUTDOWN) else text("timeout", lang)
+    except LLMError as error:
+        log.warning("model failed in %s: %s", session.id, error)
+        return text("model_error", lang)
+    except DatabaseBusy as error:
+        # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS: nothing of the turn was stored.
+        log.warning("database busy in %s: %s", session.id, error)
+        return text("busy", lang)
+    return result.answer
+
+
+def is_blank(question: str) -> bool:
+    """Whether a question shows nothing: only spaces and invisible marks (zero-width, text direction)."""
+    return all(char.isspace() or unicodedata.category(char) in ("Cf", "Cc", "Zs") for char in question)
+
+
+def asker_name(user: User) -> str:
+    """How a group question is attributed to its asker, for the model."""
+    return user.full_name or (f"@{user.username}" if user.username else str(user.id))
+
+
+# --- addressing: is a message meant for the bot? ---------------------------------------------------------------
+
+def addressed_question(message: Message, bot_username: str, bot_id: int) -> str | None:
+    """The question in a text message meant for the bot, mention stripped; None when not meant for it.
+
+    In a private chat every message is meant for the bot. In a group it must mention `@bot_username` or reply
+    to one of the bot's messages (`/ask` is its own command handler).
+    """
+    text = message.text or ""
+    if not is_group(message):
+        return text.strip()
+    mention = _mention_of(message, bot_username)
+    if mention is not None:
+        return _strip_span(text, mention)
+    replied = message.reply_to_message
+    if replied is not None and replied.from_user is not None and replied.from_user.id == bot_id:
+        return text.strip()
+    return None
+
+
+def _mention_of(message: Message, bot_username: str) -> tuple[int, int] | None:
+    """(start, end) in Python indices of the first @bot_username mention, from Telegram's entities."""
+    wanted = "@" + bot_username.lower()
+    for entity, value in message.parse_entities([MessageEntity.MENTION]).items():
+        if value.lower() == wanted:
+            start = (message.text or "").find(value)
+            return start, start + len(value)
+    return None
+
+
+def _strip_span(text: str, span: tuple[int, int]) -> str:
+    """Text without the span, with the commas and spaces that went with it tidied ("x, @bot?" → "x?")."""
+    left = text[:span[0]].rstrip().rstrip(",，:：").rstrip()
+    right = text[span[1]:].lstrip(" ,，:：")
+    if not left or not right:
+        return (left or right).strip()
+    separator = "" if right[0] in "?!.。？！，,;；" else " "
+    return re.sub(r"\s{2,}", " ", left + separator + right).strip()
