@@ -75,7 +75,12 @@ class GrammarEngine:
         """A fresh matcher for `grammar`; a grammar llguidance refuses is our bug, raised as `LLMError`."""
         from llguidance import LLMatcher
 
-        matcher = LLMatcher(self._llguidance[0], grammar.lark)
+        try:
+            tokenizer = self._llguidance[0]
+        except Exception as error:  # e.g. a slow (Python) tokenizer, which llguidance cannot read
+            raise LLMError(f"constrained decoding is not available for this tokenizer: {error}; "
+                           "set CONSTRAINED_DECODING=false") from error
+        matcher = LLMatcher(tokenizer, grammar.lark)
         if matcher.is_error():
             raise LLMError(f"the {grammar.kind} grammar does not compile: {matcher.get_error().splitlines()[0]}")
         return RowGrammar(matcher, grammar.kind)
