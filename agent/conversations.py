@@ -34,10 +34,11 @@ class ModelRequest:
 
 @dataclass(frozen=True)
 class TurnRules:
-    """How a turn is decoded: under a grammar (with these limits) or not, and whether it must call a tool first."""
+    """How a turn is decoded: under a grammar (with these limits) or not, and which tools, if any, it must call
+    one of before its final answer (the first-step policy: the tools whose subject the question names)."""
 
     grammar: GrammarLimits | None = None
-    tool_required: bool = False
+    required_tools: tuple[str, ...] = ()
 
 
 class Conversation(Protocol):
@@ -45,6 +46,7 @@ class Conversation(Protocol):
 
     mode: str
     tool_required: bool  # a tool call must come before the final answer (cleared by the first call)
+    first_tools: list[Tool]  # the tools that call may use
 
     def request(self) -> ModelRequest:
         """What the next model call gets."""
@@ -74,7 +76,8 @@ class ReactConversation:
                  rules: TurnRules = TurnRules()):
         self.tools = list(tools)
         self.limits = rules.grammar if self.tools else None
-        self.tool_required = rules.tool_required and bool(self.tools)
+        self.first_tools = [tool for tool in self.tools if tool.name in rules.required_tools]
+        self.tool_required = bool(self.first_tools)
         prompt = react_prompt(self.tools, question) if self.tools else question
         self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
                                         {"role": "user", "content": prompt}]
@@ -90,7 +93,8 @@ class ReactConversation:
             return None
         if self.answer_requested:
             return react_final_grammar()
-        return react_step_grammar(self.tools, continuing=bool(self.trace), tool_required=self.tool_required,
+        tools = self.first_tools if self.tool_required else self.tools
+        return react_step_grammar(tools, continuing=bool(self.trace), tool_required=self.tool_required,
                                   limits=self.limits)
 
     def read(self, completion: Completion) -> list[ToolRequest] | Decision:
@@ -126,7 +130,8 @@ class NativeConversation:
         self.tools = list(tools)
         self.offer_tools = bool(self.tools)
         self.limits = rules.grammar
-        self.tool_required = rules.tool_required and bool(self.tools)
+        self.first_tools = [tool for tool in self.tools if tool.name in rules.required_tools]
+        self.tool_required = bool(self.first_tools)
         self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
                                         {"role": "user", "content": question}]
 
@@ -134,7 +139,8 @@ class NativeConversation:
         specs = [tool.openai_spec() for tool in self.tools] if self.offer_tools else None
         grammar = None
         if specs and self.limits is not None:
-            grammar = native_grammar(self.tools, tool_required=self.tool_required, limits=self.limits)
+            tools = self.first_tools if self.tool_required else self.tools
+            grammar = native_grammar(tools, tool_required=self.tool_required, limits=self.limits)
         return ModelRequest(list(self.messages), (), specs, grammar)
 
     def read(self, completion: Completion) -> list[ToolRequest] | Decision:

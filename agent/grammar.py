@@ -61,8 +61,7 @@ def react_step_grammar(tools: Sequence["Tool"], *, continuing: bool, tool_requir
         f"thought[max_tokens={limits.thought_max_tokens}]: /[^\\n]+/",
         "action: " + " | ".join(f"call_{index}" for index in range(len(tools))),
         *(_react_call(index, tool, limits) for index, tool in enumerate(tools)),
-        'final: "Final Answer: " ANSWER',
-        _ANSWER,
+        *([] if tool_required else ['final: "Final Answer: " ANSWER', _ANSWER]),
     ]
     return Grammar("react_step", "\n".join(lines) + "\n")
 
@@ -85,7 +84,7 @@ def native_grammar(tools: Sequence["Tool"], *, tool_required: bool = False,
     lines = [
         "start: think? calls" if tool_required else "start: think? (TEXT | calls)",
         'think[lazy]: "<think>" /(.|\\n)*<\\/think>\\n*/',
-        "TEXT: /[^<](.|\\n)*/",
+        *([] if tool_required else ["TEXT: /[^<](.|\\n)*/"]),
         'calls: call ("\\n" call)*',
         'call: "<tool_call>\\n" call_body "\\n</tool_call>"',
         "call_body: %json " + _json(calls),

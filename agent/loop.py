@@ -96,7 +96,7 @@ class Agent:
         tools = await tools_for_turn(await self.tool_settings.enabled_tools(session.chat_key))
         state = TurnState(tools, cancel or CancelToken(), on_progress)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
-        rules = TurnRules(self.limits.grammar, await self._tool_required(session, question, tools))
+        rules = TurnRules(self.limits.grammar, await self._tools_required(session, question, tools))
         conversation = start_conversation(self.limits.mode, history, question, state.tools, rules)
         # The record's result is a placeholder until the turn ends, one way or the other.
         record = TurnRecord(question, state.result("", TurnStatus.ERROR, started), started_at, self.limits.mode,
@@ -109,12 +109,13 @@ class Agent:
         turn_id = await self.memory.save_turn(session, replace(record, result=result))
         return replace(result, turn_id=turn_id)
 
-    async def _tool_required(self, session: Session, question: str, tools: list[Tool]) -> bool:
-        """The first-step policy: whether this question must get a tool call before its final answer."""
+    async def _tools_required(self, session: Session, question: str, tools: list[Tool]) -> tuple[str, ...]:
+        """The first-step policy: the tools one of which this question must call before its final answer (those
+        whose subject it names), or none."""
         required = self.limits.require_tool_call
         if self.options is not None:
             required = await self.options.require_tool_call(session.chat_key, required)
-        return required and any(tool.named_in(question) for tool in tools)
+        return tuple(tool.name for tool in tools if tool.named_in(question)) if required else ()
 
     async def _run_bounded(self, conversation: Conversation, state: TurnState, question: str,
                            started: float) -> TurnResult:
@@ -153,7 +154,10 @@ class Agent:
         state.record(StepKind.FORMAT_ERROR, thought=completion.text[:500], error=error, observation=problem.reason)
         if state.format_problems >= 2:
             return apology("format", language_of(question))
-        reminder = tool_first_reminder(state.tools) if error == "tool_required" else format_reminder(state.tools)
+        if error == "tool_required":
+            reminder = tool_first_reminder(conversation.first_tools)
+        else:
+            reminder = format_reminder(state.tools)
         conversation.add_reminder(completion, reminder)
         return None
 

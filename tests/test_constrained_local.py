@@ -85,8 +85,9 @@ async def in_one_batch(llm: LocalLLM, *calls: dict) -> list:
 
 @real_model_test
 async def test_a_constrained_step_parses_and_validates_beside_an_untouched_unconstrained_row(llm, tools):
-    conversation = ReactConversation([], QUESTION, tools, TurnRules(GrammarLimits(thought_max_tokens=16),
-                                                                    tool_required=True))
+    named = tuple(tool.name for tool in tools if tool.named_in(QUESTION))  # the first-step policy's choice
+    assert named == ("course_query", "course_list")
+    conversation = ReactConversation([], QUESTION, tools, TurnRules(GrammarLimits(thought_max_tokens=16), named))
     request = conversation.request()
     constrained = dict(messages=request.messages, stop=request.stop, max_new_tokens=64, grammar=request.grammar)
     free = dict(messages=FRANCE, max_new_tokens=10)
