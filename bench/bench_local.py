@@ -1,341 +1,395 @@
-"""Benchmark: full ReAct turns from concurrent chats on the local backend, three ways, in one process.
+"""Benchmark: the agent's real ReAct turns on our local engine, side by side with any OpenAI-compatible server.
 
-    serial   one model call at a time (a lock around the backend), as the original article's `model.chat` does
-    batched  the model thread batching every pending call into one `generate` (agent/llm/worker.py)
-    raw      the ceiling: the prompts the batched run sent, in `model.generate` calls of up to BATCH_SIZE rows,
-             with no agent, tools, database, queue or event loop around them; twice: laid out as the worker lays
-             them out (shared prompt prefix computed once: the ceiling proper), and plainly left-padded (every row
-             computes its whole prompt: what batching without prefix sharing would reach)
+Each contender runs in a process of its own (bench/contenders.py) and gets the same rows, interleaved (repeat by
+repeat, concurrency by concurrency, contender by contender) so that background noise hits them alike:
 
-    batched, grammar   (--grammar) the batched run again, every model call decoded under the agent's step grammar
-             (agent/grammar.py, llguidance masks per row): what constrained decoding costs
+    local              our local backend (`LocalLLM`), prefix cache on (PREFIX_CACHE_MB, --prefix-cache-mb)
+    local, no cache    the same with PREFIX_CACHE_MB=0 (a batch still computes the prefix its rows share once)
+    local, grammar     (--modes local-grammar) "local" with every call decoded under the agent's step grammar
+                       (agent/grammar.py; llguidance masks per row): what constrained decoding costs
+    raw generate       the ceiling: the same prompts through `generate_rows` directly, no agent around it
+    --openai URL       our openai backend (`OpenAILLM`) against a server: llama.cpp's, vLLM, anything
 
-Every model call generates exactly --new-tokens tokens (EOS suppressed, no stop strings), so runs are comparable.
-Under the grammar a row must not finish early either, so the bench lets the step repeat (`start: step+`): every
-token stays masked, none is generated unconstrained.
-The offline model (SmolLM2-135M) cannot follow ReAct, so `FixedReplyLLM` runs the real generation through the
-backend (real prompts, real cost, real token counts) and then hands the agent a fixed Qwen-shaped reply: first an
-Action calling course_query for 大模型技术实战, then a Final Answer. Every turn therefore takes the same path through
-the real agent, prompt rendering, tool registry, course tool and SQLite database.
+A row: `chats` chats at once, each asking `--turns` distinct course questions in order (bench/react_turns.py: a
+real generation of exactly --new-tokens tokens per call, then a scripted ReAct reply, so every engine sees the same
+two calls per turn), then a first-token probe: max(1, chats - 1) other chats generate --probe-tokens tokens each
+while 1-token calls arrive every --probe-gap seconds (no streaming yet: a 1-token call's completion time is its
+time to first token). Before the rows, every contender answers one warm-up round; before everything, two fresh
+processes time `LocalLLM.start()` on the GGUF: the first converts it, the second loads the converted copy.
 
-    .venv/bin/python bench/bench_local.py                       # 1, 4, 8, 16 chats; 32 tokens per call
-    .venv/bin/python bench/bench_local.py --chats 8 --new-tokens 64
-    .venv/bin/python bench/bench_local.py --chats 1 8 --grammar --only-batched   # the cost of the grammar alone
+    .venv/bin/python bench/bench_local.py                                   # our engine: 1 and 8 chats, 2 repeats
+    .venv/bin/python bench/bench_local.py --openai http://127.0.0.1:8771/v1 --openai-label llama-server
+    .venv/bin/python bench/bench_local.py --chats 1 2 --turns 1 --new-tokens 4 --probe-tokens 16 --repeat 1
+    bash bench/run_vs_llamacpp.sh                                           # both llama.cpp servers, one command
+    .venv/bin/python bench/bench_local.py --modes local local-grammar --probe-tokens 0 --no-startup  # grammar cost
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
+import json
+import multiprocessing
+import os
+import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.grammar import Grammar  # noqa: E402
-from agent.llm.base import LLM, CancelToken, Completion, Message  # noqa: E402
-from agent.llm.local import LocalLLM, ModelSource, load_model, resolve_model  # noqa: E402
-from agent.llm.batching import cache_argument, lay_out, prefill_shared_prefix, render_prompt  # noqa: E402
-from agent.loop import Agent, Session  # noqa: E402
-from bot.config import Settings  # noqa: E402
-from bot.services import Services, start_services  # noqa: E402
+from bench.contenders import RowPlan, Spec, describe, serve  # noqa: E402
+from bench.measures import median  # noqa: E402
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-QUESTION = "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？"
-ACTION_REPLY = ("Thought: 我需要查询大模型技术实战课程的课时数。\n"
-                "Action: course_query\n"
-                'Action Input: {"course_name": "大模型技术实战"}\n')
-FINAL_REPLY = " I now know the final answer\nFinal Answer: 大模型技术实战课程目前一共上线了200节。"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODES = {"local": "local", "local-nocache": "local, no cache", "raw": "raw generate",
+         "local-grammar": "local, grammar"}
+# Tokens that end a llama.cpp generation besides the GGUF's eos/eot ids (llama-vocab.cpp treats these as "end of
+# generation" by their text).
+END_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|return|>", "</s>")
 
 
-class FixedReplyLLM(LLM):
-    """Real generation through `inner`, then a fixed ReAct reply: an action first, the final answer after it."""
+class Contender:
+    """The parent's handle on one contender process."""
 
-    name = "fixed-reply"
-
-    def __init__(self, inner: LocalLLM, new_tokens: int, *, one_at_a_time: bool):
-        self.inner = inner
-        self.new_tokens = new_tokens
-        self.constrained = False  # generate under the agent's step grammar (made repeatable: see `endless`)
-        self._gate: Any = asyncio.Lock() if one_at_a_time else contextlib.nullcontext()
-        self.generated = 0
-        self.calls: list[list[Message]] = []  # every prompt, for the raw ceiling
-
-    async def start(self) -> None:
-        """Start the wrapped backend."""
-        await self.inner.start()
-
-    async def close(self) -> None:
-        """Close the wrapped backend."""
-        await self.inner.close()
-
-    def count_tokens(self, text: str) -> int:
-        """The wrapped backend's count."""
-        return self.inner.count_tokens(text)
-
-    async def complete(self, messages: Sequence[Message], *, stop: Sequence[str] = (), max_new_tokens: int = 512,
-                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None,
-                       grammar: Grammar | None = None) -> Completion:
-        """Generate `new_tokens` real tokens for `messages`, then answer with the scripted ReAct text."""
-        grammar = endless(grammar) if self.constrained and grammar is not None else None
-        async with self._gate:
-            real = await self.inner.complete(messages, max_new_tokens=self.new_tokens, tools=tools, cancel=cancel,
-                                             grammar=grammar)
-        self.generated += real.completion_tokens
-        self.calls.append(list(messages))
-        continuing = messages[-1]["role"] == "assistant"  # the trace already holds the Observation
-        return Completion(FINAL_REPLY if continuing else ACTION_REPLY, real.prompt_tokens, real.completion_tokens)
-
-
-def endless(grammar: Grammar) -> Grammar:
-    """The step grammar, repeatable: a fixed-length run may not end where one step does (its EOS is banned)."""
-    return Grammar(grammar.kind, grammar.lark.replace("start: ", "start: step+\nstep: ", 1))
-
-
-class LagMeter:
-    """A ticker coroutine every 10 ms; records how late each tick wakes up (the event loop's lag)."""
-
-    def __init__(self) -> None:
-        self.lags: list[float] = []
-        self._task: asyncio.Task | None = None
-
-    async def __aenter__(self) -> "LagMeter":
-        self._task = asyncio.get_running_loop().create_task(self._tick())
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-    async def _tick(self) -> None:
-        while True:
-            before = time.perf_counter()
-            await asyncio.sleep(0.01)
-            self.lags.append(time.perf_counter() - before - 0.01)
-
-    def p99_ms(self) -> float:
-        """The 99th percentile lag in milliseconds."""
-        return percentile(self.lags, 0.99) * 1000
-
-
-@dataclass
-class Row:
-    """One line of the results table."""
-
-    chats: int
-    mode: str
-    tokens: int
-    seconds: float
-    latencies: list[float] = field(default_factory=list)
-    lag_p99_ms: float | None = None
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Generated tokens per wall-clock second."""
-        return self.tokens / self.seconds
-
-    def markdown(self) -> str:
-        """The row in the README's table format."""
-        latency = (f"{percentile(self.latencies, 0.5):.2f} | {percentile(self.latencies, 0.95):.2f}"
-                   if self.latencies else "– | –")
-        lag = f"{self.lag_p99_ms:.1f}" if self.lag_p99_ms is not None else "–"
-        return f"| {self.chats} | {self.mode} | {self.tokens} | {self.seconds:.2f} | {self.tokens_per_second:.1f} | {latency} | {lag} |"
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of `values` (0 for none)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered) + 0.5) - 1))]
-
-
-async def one_turn(agent: Agent, session: Session) -> float:
-    """Run one turn and check it took the scripted path (tool, then answer); return its latency in seconds."""
-    started = time.perf_counter()
-    result = await agent.run(session, QUESTION)
-    kinds = [step.kind for step in result.steps]
-    if kinds != ["tool", "final"] or "200" not in result.steps[0].observation or "200" not in result.answer:
-        raise SystemExit(f"turn took an unexpected path: {kinds} {result.steps} {result.answer!r}")
-    return time.perf_counter() - started
-
-
-async def agent_phase(agent: Agent, llm: FixedReplyLLM, chats: int, mode: str) -> Row:
-    """`chats` concurrent sessions, each running one full turn; tokens, latencies and loop lag measured."""
-    sessions = [Session(id=f"bench:{mode}:{chats}:{i}", chat_key="bench") for i in range(chats)]
-    before = llm.generated
-    async with LagMeter() as lag:
+    def __init__(self, spec: Spec):
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: torch is not forked
+        self.spec = spec
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=serve, args=(spec, child), name=spec.label, daemon=True)
         started = time.perf_counter()
-        latencies = await asyncio.gather(*(one_turn(agent, session) for session in sessions))
-        seconds = time.perf_counter() - started
-    return Row(chats, mode, llm.generated - before, seconds, list(latencies), lag.p99_ms())
+        self._process.start()
+        child.close()  # ours is gone, so a dead child reads as EOF, not as a wait forever
+        self.facts = self._answer("ready")
+        self.facts["ready_s"] = time.perf_counter() - started  # from spawning: imports and loading included
 
+    def row(self, plan: RowPlan) -> dict[str, Any]:
+        """Run one row in the contender and return its measurements."""
+        self._conn.send(("row", plan))
+        return self._answer("row")
 
-class RawCeiling:
-    """A second copy of the model, loaded by the same code, driven by plain `generate` on a thread of its own."""
+    def close(self) -> None:
+        """Tell the contender to stop, and wait for it."""
+        if self._process.is_alive():
+            try:
+                self._conn.send(("close", None))
+            except OSError:
+                pass
+        self._process.join(timeout=60)
+        if self._process.is_alive():
+            self._process.kill()
 
-    def __init__(self, source: ModelSource, dtype: str, batch_size: int, new_tokens: int):
-        self.source, self.dtype = source, dtype
-        self.batch_size, self.new_tokens = batch_size, new_tokens
-        self.loaded: Any = None
-
-    async def load(self) -> None:
-        """Load the copy off the event loop."""
-        self.loaded = await asyncio.to_thread(load_model, self.source, "cpu", self.dtype)
-
-    async def run(self, prompts: list[list[Message]], chats: int, share_prefix: bool) -> Row:
-        """Generate for every recorded prompt, in the batches the worker would form; time `generate` only."""
-        seconds, tokens = await asyncio.to_thread(self._generate_all, prompts, share_prefix)
-        mode = "raw, shared prefix" if share_prefix else "raw, padded"
-        return Row(chats, mode, tokens, seconds)
-
-    def _generate_all(self, prompts: list[list[Message]], share_prefix: bool) -> tuple[float, int]:
-        first_calls = [p for p in prompts if p[-1]["role"] != "assistant"]
-        second_calls = [p for p in prompts if p[-1]["role"] == "assistant"]
-        seconds, tokens = 0.0, 0
-        for calls in (first_calls, second_calls):
-            for start in range(0, len(calls), self.batch_size):
-                spent, made = self._generate(calls[start:start + self.batch_size], share_prefix)
-                seconds, tokens = seconds + spent, tokens + made
-        return seconds, tokens
-
-    def _generate(self, batch: list[list[Message]], share_prefix: bool) -> tuple[float, int]:
-        """One `generate` on the batch laid out as the worker lays it out (or plainly left-padded)."""
-        import torch
-
-        model, tokenizer = self.loaded.model, self.loaded.tokenizer
-        layout = lay_out([render_prompt(tokenizer, messages, None) for messages in batch],
-                         tokenizer.pad_token_id, model.device, share_prefix)
-        started = time.perf_counter()
-        with torch.inference_mode():
-            cache = prefill_shared_prefix(model, layout)
-            output = model.generate(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
-                                    do_sample=False, max_new_tokens=self.new_tokens, min_new_tokens=self.new_tokens,
-                                    pad_token_id=tokenizer.pad_token_id,
-                                    **({cache_argument(model): cache} if cache is not None else {}))
-        return time.perf_counter() - started, (output.shape[1] - layout.input_ids.shape[1]) * len(batch)
-
-
-async def bench(args: argparse.Namespace) -> list[Row]:
-    """Start everything once, warm up, then measure serial, batched and raw at each concurrency."""
-    with tempfile.TemporaryDirectory() as folder:
-        settings = Settings(llm_backend="local", model=str(args.model), model_device_map="cpu", model_dtype=args.dtype,
-                            database_path=Path(folder) / "bench.sqlite3", batch_size=args.batch_size,
-                            max_new_tokens=args.new_tokens, turn_timeout_seconds=3600)
-        backend = LocalLLM(settings.model, device_map="cpu", dtype=args.dtype, batch_size=args.batch_size,
-                           batch_wait_ms=args.batch_wait_ms, min_new_tokens=args.new_tokens)
-        batched = FixedReplyLLM(backend, args.new_tokens, one_at_a_time=False)
-        services = await start_services(settings, llm=batched)
+    def _answer(self, expected: str) -> dict[str, Any]:
+        while not self._conn.poll(1.0):
+            if not self._process.is_alive() and not self._conn.poll(0):
+                raise SystemExit(f"bench: {self.spec.label} exited (code {self._process.exitcode}) without answering")
         try:
-            return await measure(services, batched, args)
-        finally:
-            await services.close()
+            kind, payload = self._conn.recv()
+        except EOFError:
+            raise SystemExit(f"bench: {self.spec.label} exited without answering") from None
+        if kind != expected:
+            raise SystemExit(f"bench: {payload}")
+        return payload
 
 
-async def measure(services: Services, batched: FixedReplyLLM, args: argparse.Namespace) -> list[Row]:
-    """The three modes at each concurrency, interleaved so that background noise hits them alike."""
-    serial = FixedReplyLLM(batched.inner, args.new_tokens, one_at_a_time=True)
-    agents = {"serial": Agent(serial, services.registry, services.tool_settings, services.memory,
-                              services.agent.limits),
-              "batched": services.agent}
-    ceiling = RawCeiling(resolve_model(str(args.model)), args.dtype, args.batch_size, args.new_tokens)
-    await agent_phase(services.agent, batched, 2, "warm-up")
-    if args.grammar:  # the first grammar builds llguidance's view of the vocabulary (about a second)
-        batched.constrained = True
-        await agent_phase(services.agent, batched, 2, "warm-up")
-        batched.constrained = False
-    if not args.only_batched:
-        await ceiling.load()
-        await ceiling.run(batched.calls, 2, share_prefix=True)
-    rows: list[Row] = []
-    for chats in args.chats:
-        level = [] if args.only_batched else [await agent_phase(agents["serial"], serial, chats, "serial")]
-        batched.calls.clear()
-        level.append(await agent_phase(agents["batched"], batched, chats, "batched"))
-        if args.grammar:
-            batched.constrained = True
-            level.append(await agent_phase(agents["batched"], batched, chats, "batched, grammar"))
-            batched.constrained = False
-        if not args.only_batched:
-            level.append(await ceiling.run(list(batched.calls), chats, share_prefix=True))
-        if not args.skip_padded and not args.only_batched:
-            level.append(await ceiling.run(list(batched.calls), chats, share_prefix=False))
-        print(*(row.markdown() for row in level), sep="\n", file=sys.stderr, flush=True)
-        rows.extend(level)
+def end_token_ids(gguf: Path) -> tuple[int, ...]:
+    """The ids of every token that ends a llama.cpp generation with this GGUF: its eos/eot/eom ids and the
+    end-of-turn tokens named in END_TOKEN_TEXTS."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf)
+    ids = {int(reader.fields[key].contents()) for key in ("tokenizer.ggml.eos_token_id",
+                                                         "tokenizer.ggml.eot_token_id",
+                                                         "tokenizer.ggml.eom_token_id") if key in reader.fields}
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    ids.update(index for index, text in enumerate(tokens) if text in END_TOKEN_TEXTS)
+    return tuple(sorted(ids))
+
+
+def specs(args: argparse.Namespace) -> list[Spec]:
+    """The contenders, in the order they run in each round."""
+    base = Spec(kind="local", label="", model=str(args.model), new_tokens=args.new_tokens,
+                probe_tokens=args.probe_tokens, probe_gap=args.probe_gap, probes=args.probes, dtype=args.dtype,
+                device_map=args.device_map, batch_size=args.batch_size, batch_wait_ms=args.batch_wait_ms,
+                prefix_cache_mb=args.prefix_cache_mb, converted_dir=str(args.converted_dir))
+    chosen = [replace(base, kind="raw" if mode == "raw" else "local", label=MODES[mode],
+                      prefix_cache_mb=0 if mode == "local-nocache" else args.prefix_cache_mb,
+                      grammar=mode == "local-grammar")
+              for mode in args.modes]
+    if args.openai:
+        banned = tuple(args.ban_token_ids) if args.ban_token_ids is not None else end_token_ids(args.model)
+        progress(f"openai contenders: end tokens {list(banned)} banned (logit_bias -100), so every call generates "
+                 "exactly its max_tokens")
+        for index, url in enumerate(args.openai):
+            label = args.openai_label[index] if index < len(args.openai_label) else url
+            pid = args.openai_pid[index] if index < len(args.openai_pid) else 0
+            chosen.append(replace(base, kind="openai", label=label, openai_url=url, openai_model=args.openai_model,
+                                  ban_token_ids=banned, server_pid=pid))
+    return chosen
+
+
+def startup_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """`LocalLLM.start()` in two fresh processes sharing a fresh converted-model folder: converting, converted."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-converted-") as folder:
+        for mode in ("local start: converts the GGUF", "local start: converted copy"):
+            spec = Spec(kind="startup", label=mode, model=str(args.model), new_tokens=args.new_tokens,
+                        probe_tokens=0, dtype=args.dtype, device_map=args.device_map, converted_dir=folder)
+            contender = Contender(spec)
+            contender.close()
+            rows.append({key: None for key in ROW_KEYS} | {
+                "mode": mode, "chats": 0, "repeat": 0, "seconds": contender.facts["start_s"],
+                "ready_s": contender.facts["ready_s"], "peak_rss_mb": contender.facts["peak_rss_mb"],
+                "dtype": contender.facts.get("dtype")})
+            progress(f"{mode}: LocalLLM.start() {contender.facts['start_s']:.1f} s, "
+                     f"process ready {contender.facts['ready_s']:.1f} s")
     return rows
 
 
-def grammar_cost(rows: list[Row]) -> list[str]:
-    """At each concurrency measured with and without the grammar: the tokens/s the grammar costs (need <= 15%).
+class Plans:
+    """Question numbers for every row: each row's block is its own, the same block for every contender."""
 
-    Repeated levels (`--chats 8 8 8`) are pooled: tokens and seconds summed per mode, so the A/B/A/B runs even out
-    the noise of a shared machine.
-    """
+    def __init__(self, probes: int):
+        self.probes = probes
+        self.next = 0
+
+    def plan(self, chats: int, turns: int, repeat: int, probe: bool = True) -> RowPlan:
+        """The next row's plan."""
+        plan = RowPlan(chats, turns, self.next, repeat, probe)
+        self.next += chats * turns + max(1, chats - 1) + self.probes
+        return plan
+
+
+def bench(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Start-up rows, then every contender's rows; returns the rows and the run's facts."""
+    facts = machine_facts()
+    rows = [] if args.no_startup else startup_rows(args)
+    contenders: list[Contender] = []
+    try:
+        for spec in specs(args):
+            contenders.append(Contender(spec))
+            progress(f"{spec.label}: ready in {contenders[-1].facts['ready_s']:.1f} s "
+                     f"(start {contenders[-1].facts['start_s']:.1f} s)")
+        plans = Plans(args.probes)
+        warm_up = plans.plan(max(args.chats), 1, 0, probe=False)
+        for contender in contenders:
+            contender.row(warm_up)
+        for repeat in range(1, args.repeat + 1):
+            for chats in args.chats:
+                plan = plans.plan(chats, args.turns, repeat)
+                for contender in contenders:
+                    row = measured_row(contender, plan)
+                    rows.append(row)
+                    progress(markdown_row(row, runs=1))
+    finally:
+        for contender in contenders:
+            contender.close()
+    facts["load_after"] = load_average()
+    facts["contenders"] = [describe(c.spec) | {"start_s": round(c.facts["start_s"], 2),
+                                               "dtype": c.facts.get("dtype")} for c in contenders]
+    return rows, facts
+
+
+# Every measured row has these keys (None where a contender does not measure it), in this order.
+ROW_KEYS = ("mode", "chats", "repeat", "tokens", "seconds", "tokens_per_s", "turn_p50_s", "turn_p95_s",
+            "first_token_p50_s", "prompt_tokens_computed", "prompt_tokens_reused", "peak_rss_mb")
+
+
+def measured_row(contender: Contender, plan: RowPlan) -> dict[str, Any]:
+    """One row from a contender, with the parent's own fields."""
+    measured = contender.row(plan)
+    measured["tokens_per_s"] = measured["tokens"] / measured["seconds"] if measured["seconds"] else None
+    row = {key: None for key in ROW_KEYS} | measured
+    return row | {"mode": contender.spec.label, "chats": plan.chats, "repeat": plan.repeat}
+
+
+def machine_facts() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "nproc": os.cpu_count(), "load_before": load_average(), "python": platform.python_version()}
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+COLUMNS = ("mode", "chats", "runs", "tokens", "seconds", "tokens/s", "turn p50 s", "turn p95 s", "first token p50 s",
+           "step s", "prompt tokens / turn", "computed / turn", "computed %", "peak RSS MiB", "loop lag p99 ms")
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+    """One row per (mode, chats): the median of its repeats, and how many there were."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["mode"], row["chats"]), []).append(row)
+    summary = []
+    for (mode, chats), runs in groups.items():
+        keys = {key for run in runs for key, value in run.items() if isinstance(value, (int, float))}
+        merged: dict[str, Any] = {"mode": mode, "chats": chats}
+        merged.update({key: median([run.get(key) for run in runs]) for key in keys - {"chats"}})
+        summary.append((merged, len(runs)))
+    return summary
+
+
+def markdown_row(row: dict[str, Any], runs: int) -> str:
+    """A row in the table's format; – for what the contender does not measure."""
+    def number(key: str, digits: int = 2) -> str:
+        value = row.get(key)
+        return "–" if value is None else f"{value:.{digits}f}"
+
+    turns = row.get("turns") or 0
+    per_turn = (lambda key: "–" if row.get(key) is None or not turns else f"{row[key] / turns:.0f}")
+    share = ("–" if row.get("prompt_tokens_computed") is None or not row.get("prompt_tokens_sent")
+             else f"{100 * row['prompt_tokens_computed'] / row['prompt_tokens_sent']:.0f}%")
+    cells = [row["mode"], str(row["chats"] or "–"), str(runs), number("tokens", 0), number("seconds"),
+             number("tokens_per_s", 1), number("turn_p50_s"), number("turn_p95_s"), number("first_token_p50_s"),
+             number("step_s", 3), per_turn("prompt_tokens_sent"), per_turn("prompt_tokens_computed"), share,
+             number("peak_rss_mb", 0), number("loop_lag_p99_ms", 1)]
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The Markdown table of the medians."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "| --- | " + " | ".join("---:" for _ in COLUMNS[1:]) + " |"]
+    startup = [row for row in rows if row["chats"] == 0]
+    lines += [markdown_row(row, 1) for row in startup]
+    lines += [markdown_row(row, runs) for row, runs in summarize([row for row in rows if row["chats"]])]
+    return "\n".join(lines)
+
+
+def verdicts(rows: list[dict[str, Any]], chats_levels: Sequence[int]) -> list[str]:
+    """Issue 10's acceptance lines, from the medians: ours ("local") against each server, and on its own."""
+    medians = {(row["mode"], row["chats"]): row for row, _ in summarize([row for row in rows if row["chats"]])}
+    ours = MODES["local"]
+    low, high = min(chats_levels), max(chats_levels)
+    servers = sorted({mode for mode, _ in medians} - set(MODES.values()))
     lines = []
-    for chats in sorted({row.chats for row in rows}):
-        pooled = {mode: pooled_rate([r for r in rows if r.chats == chats and r.mode == mode])
-                  for mode in ("batched", "batched, grammar")}
-        if all(pooled.values()):
-            cost = 1 - pooled["batched, grammar"] / pooled["batched"]
-            lines.append(f"at {chats} chats: batched {pooled['batched']:.1f} tokens/s, under the grammar "
-                         f"{pooled['batched, grammar']:.1f}: the grammar costs {cost:.1%} (need <= 15%): "
-                         f"{'PASS' if cost <= 0.15 else 'FAIL'}")
+    for server in servers:
+        lines += _against(medians, ours, server, low, high)
+    for chats in chats_levels:
+        row = medians.get((ours, chats))
+        if row and row.get("prompt_tokens_sent") and row.get("prompt_tokens_computed") is not None:
+            share = row["prompt_tokens_computed"] / row["prompt_tokens_sent"]
+            lines.append(_line(f"{chats} chats: prompt tokens computed {share:.0%} of those sent (need <= 25%)",
+                               share <= 0.25))
+        if row and row.get("first_token_p50_s") is not None:
+            limit = row["step_s"] + 1
+            lines.append(_line(f"{chats} chats: first token p50 {row['first_token_p50_s']:.2f} s, a batch step "
+                               f"{row['step_s']:.3f} s (need <= step + 1 s)", row["first_token_p50_s"] <= limit))
+        if row and row.get("loop_lag_p99_ms") is not None:
+            lines.append(_line(f"{chats} chats: event-loop lag p99 {row['loop_lag_p99_ms']:.1f} ms (need < 20)",
+                               row["loop_lag_p99_ms"] < 20))
+    lines += grammar_cost(medians, chats_levels)
+    second = next((row for row in rows if row["mode"] == "local start: converted copy"), None)
+    if second:
+        lines.append(_line(f"second start: LocalLLM.start() {second['seconds']:.1f} s, process ready "
+                           f"{second['ready_s']:.1f} s (need <= 10 s)", second["ready_s"] <= 10))
     return lines
 
 
-def pooled_rate(rows: list[Row]) -> float:
-    """Tokens per second over several runs together; 0 for none."""
-    seconds = sum(row.seconds for row in rows)
-    return sum(row.tokens for row in rows) / seconds if seconds else 0.0
+def grammar_cost(medians: dict[tuple[str, int], dict[str, Any]], chats_levels: Sequence[int]) -> list[str]:
+    """Issue 11's line: what decoding under the step grammar costs in tokens/s, "local, grammar" against "local"."""
+    lines = []
+    for chats in chats_levels:
+        plain, constrained = medians.get((MODES["local"], chats)), medians.get((MODES["local-grammar"], chats))
+        if plain and constrained and plain.get("tokens_per_s") and constrained.get("tokens_per_s"):
+            cost = 1 - constrained["tokens_per_s"] / plain["tokens_per_s"]
+            lines.append(_line(f"{chats} chats: under the step grammar {constrained['tokens_per_s']:.1f} tokens/s, "
+                               f"{cost:.1%} below {plain['tokens_per_s']:.1f} (need <= 15%)", cost <= 0.15))
+    return lines
 
 
-def verdict(rows: list[Row], chats: int) -> str:
-    """The acceptance check at `chats` concurrent chats."""
-    by_mode = {row.mode: row for row in rows if row.chats == chats}
-    if not {"serial", "batched", "raw, shared prefix"} <= by_mode.keys():
-        return f"(no run at {chats} chats)"
-    batched = by_mode["batched"]
-    speedup = batched.tokens_per_second / by_mode["serial"].tokens_per_second
-    share = batched.tokens_per_second / by_mode["raw, shared prefix"].tokens_per_second
-    ok = speedup >= 3 and share >= 0.85 and (batched.lag_p99_ms or 0) < 50
-    return (f"at {chats} chats: batched = {speedup:.2f}x serial (need >= 3), {share:.0%} of the raw generate "
-            f"of the same batches (need >= 85%), loop lag p99 {batched.lag_p99_ms:.1f} ms (need < 50): "
-            f"{'PASS' if ok else 'FAIL'}")
+def _against(medians: dict[tuple[str, int], dict[str, Any]], ours: str, server: str, low: int,
+             high: int) -> list[str]:
+    lines = []
+    mine, theirs = medians.get((ours, low)), medians.get((server, low))
+    if mine and theirs:
+        lines.append(_line(f"{low} chat(s): our turn p50 {mine['turn_p50_s']:.2f} s vs {server} "
+                           f"{theirs['turn_p50_s']:.2f} s (need <=)", mine["turn_p50_s"] <= theirs["turn_p50_s"]))
+    mine, theirs = medians.get((ours, high)), medians.get((server, high))
+    if mine and theirs and high != low:
+        ratio = mine["tokens_per_s"] / theirs["tokens_per_s"]
+        lines.append(_line(f"{high} chats: our {mine['tokens_per_s']:.1f} tokens/s = {ratio:.2f}x {server}'s "
+                           f"{theirs['tokens_per_s']:.1f} (need >= 2x)", ratio >= 2))
+        lines.append(_line(f"{high} chats: our turn p95 {mine['turn_p95_s']:.2f} s vs {server} "
+                           f"{theirs['turn_p95_s']:.2f} s (need lower)", mine["turn_p95_s"] < theirs["turn_p95_s"]))
+    return lines
+
+
+def _line(text: str, ok: bool) -> str:
+    return f"{'PASS' if ok else 'FAIL'}  {text}"
+
+
+def progress(text: str) -> None:
+    """A line on stderr, so stdout holds only the results."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="MODEL: a .gguf file, folder or hub id")
+    parser.add_argument("--modes", nargs="*", choices=list(MODES), default=["local", "local-nocache", "raw"],
+                        help="our own contenders (none: only the --openai ones)")
+    parser.add_argument("--openai", action="append", default=[], metavar="URL",
+                        help="a chat-completions server's base URL, e.g. http://127.0.0.1:8771/v1 (repeatable)")
+    parser.add_argument("--openai-label", action="append", default=[], help="its name in the table (in order)")
+    parser.add_argument("--openai-pid", action="append", type=int, default=[],
+                        help="its process id, for its peak memory (in order; 0: unknown)")
+    parser.add_argument("--openai-model", default="smol", help="the model name sent to the servers")
+    parser.add_argument("--ban-token-ids", type=int, nargs="*", default=None,
+                        help="token ids the servers must not generate (default: the GGUF's end tokens)")
+    parser.add_argument("--chats", type=int, nargs="+", default=[1, 8], help="concurrent chats per row")
+    parser.add_argument("--turns", type=int, default=2, help="questions each chat asks, one after another")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated by every model call of a turn")
+    parser.add_argument("--repeat", type=int, default=2, help="rows per contender and concurrency")
+    parser.add_argument("--probe-tokens", type=int, default=256,
+                        help="tokens the other chats generate during the first-token probe (0: no probe)")
+    parser.add_argument("--probe-gap", type=float, default=1.0, help="seconds between first-token probes")
+    parser.add_argument("--probes", type=int, default=5, help="at most this many probes per row")
+    parser.add_argument("--batch-size", type=int, default=8, help="BATCH_SIZE of the model thread")
+    parser.add_argument("--batch-wait-ms", type=int, default=20, help="BATCH_WAIT_MS of the model thread")
+    parser.add_argument("--prefix-cache-mb", type=int, default=512, help="PREFIX_CACHE_MB of the cached mode")
+    parser.add_argument("--dtype", default="auto", help="MODEL_DTYPE (auto: bf16 where the hardware has it)")
+    parser.add_argument("--device-map", default="cpu", help="MODEL_DEVICE_MAP (cuda or auto on a GPU machine)")
+    parser.add_argument("--converted-dir", type=Path, default=ROOT / ".cache" / "converted-models",
+                        help="MODEL_CONVERTED_DIR of the measured contenders")
+    parser.add_argument("--no-startup", action="store_true", help="skip the two start-up measurements")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per row instead of the table")
+    parser.add_argument("--save-json", type=Path, help="also write the JSON rows to this file")
+    args = parser.parse_args(argv)
+    if not args.modes and not args.openai:
+        parser.error("nothing to measure: give --modes or --openai")
+    if min(args.chats) < 1 or args.turns < 1 or args.new_tokens < 1 or args.repeat < 1 or args.probe_tokens < 0:
+        parser.error("--chats, --turns, --new-tokens and --repeat must be 1 or more, --probe-tokens 0 or more")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark and print a Markdown table (progress goes to stderr)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="MODEL: a .gguf file, folder or hub id")
-    parser.add_argument("--chats", type=int, nargs="+", default=[1, 4, 8, 16], help="concurrent chats per run")
-    parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated by every model call")
-    parser.add_argument("--batch-size", type=int, default=8, help="BATCH_SIZE of the model thread")
-    parser.add_argument("--batch-wait-ms", type=int, default=20, help="BATCH_WAIT_MS of the model thread")
-    parser.add_argument("--dtype", default="auto", help="MODEL_DTYPE (auto = float32 on a CPU)")
-    parser.add_argument("--skip-padded", action="store_true",
-                        help="skip the plain left-padded raw runs (slow: every row computes the whole prompt)")
-    parser.add_argument("--grammar", action="store_true",
-                        help="also run batched under the step grammar (llguidance masks), to measure what it costs")
-    parser.add_argument("--only-batched", action="store_true",
-                        help="skip the serial and raw runs (with --grammar: the grammar's cost alone)")
-    args = parser.parse_args(argv)
+    """Run the benchmark; print the table and the verdicts (or JSON rows); progress goes to stderr."""
+    args = parse(argv)
+    for quiet in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):  # the contenders' loading bars, on stderr
+        os.environ.setdefault(quiet, "1")
     started = time.perf_counter()
-    rows = asyncio.run(bench(args))
-    print(f"model {args.model.name}, {args.new_tokens} new tokens per call, batch size {args.batch_size}, "
-          f"batch wait {args.batch_wait_ms} ms, dtype {args.dtype}, {time.perf_counter() - started:.0f} s in all\n")
-    print("| chats | mode | tokens | seconds | tokens/s | turn p50 s | turn p95 s | loop lag p99 ms |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    print(*(row.markdown() for row in rows), sep="\n")
-    print("", *grammar_cost(rows), sep="\n")
-    if not args.only_batched:
-        print("\n" + verdict(rows, 8))
+    rows, facts = bench(args)
+    lines = [json.dumps(row, ensure_ascii=False) for row in rows]
+    if args.save_json:
+        args.save_json.write_text("\n".join(lines) + "\n")
+    if args.json:
+        progress(json.dumps(facts, ensure_ascii=False))
+        print(*lines, sep="\n")
+        return 0
+    print(f"{facts['cpu']}, {facts['nproc']} CPUs, load average {facts['load_before']} before, "
+          f"{facts['load_after']} after; model {Path(args.model).name}, dtype {args.dtype}, {args.new_tokens} new "
+          f"tokens per call, {args.turns} turns per chat, {args.repeat} repeats (medians), batch size "
+          f"{args.batch_size}, probe {args.probe_tokens} tokens; {time.perf_counter() - started:.0f} s in all\n")
+    print(table(rows))
+    print("", *verdicts(rows, args.chats), sep="\n")
     return 0
 
 

@@ -46,6 +46,8 @@ class Settings:
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
     model_device_map: str = "auto"
     model_dtype: str = "auto"
+    model_converted_dir: Path = Path("data/converted-models")
+    prefix_cache_mb: int = 512
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: str = "EMPTY"
     openai_model: str = ""
@@ -111,6 +113,8 @@ class Settings:
             _positive(name.upper(), getattr(self, name))
         if not self.scripted_delay_seconds >= 0:
             raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")
+        if self.prefix_cache_mb < 0:
+            raise ConfigError(f"PREFIX_CACHE_MB must be 0 or more, got {self.prefix_cache_mb}")
         if self.batch_wait_ms < 0:
             raise ConfigError(f"BATCH_WAIT_MS must be 0 or more, got {self.batch_wait_ms}")
         if self.openai_max_retries < 0:

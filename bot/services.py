@@ -78,6 +78,7 @@ def build_llm(settings: Settings) -> LLM:
 
         return LocalLLM(settings.model, device_map=settings.model_device_map, dtype=settings.model_dtype,
                         batch_size=settings.batch_size, batch_wait_ms=settings.batch_wait_ms,
+                        converted_dir=settings.model_converted_dir, prefix_cache_mb=settings.prefix_cache_mb,
                         native_tools=settings.agent_mode == "native")
     if settings.llm_backend == "openai":
         from agent.llm.openai import OpenAILLM

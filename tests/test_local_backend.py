@@ -23,7 +23,7 @@ import pytest_asyncio
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory, ModelLoadError
 from agent.llm.base import CancelToken, Completion
-from agent.llm.batching import lay_out
+from agent.llm.batching import lay_out, shared_prefix_length
 from agent.llm.local import LocalLLM
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,9 +152,10 @@ async def test_rows_sharing_a_long_prompt_prefix_still_equal_their_runs_alone(ll
     alone = [await llm.complete(**call) for call in calls]
     with caplog.at_level(logging.DEBUG, logger="agent.llm.batching"):
         together = await run_as_one_batch(llm, *calls)
-    shared = re.search(r"batch of 4: (\d+) prompt tokens shared", caplog.text)
-    assert shared and int(shared.group(1)) > 80
-    assert together == alone
+    shared = re.search(r"batch of 4: reused \((\d+), (\d+), (\d+), (\d+)\) prompt tokens", caplog.text)
+    assert shared and all(int(reused) > 80 for reused in shared.groups())  # the shared prefix, computed once
+    assert [(c.text, c.finish_reason, c.completion_tokens) for c in together] == \
+        [(c.text, c.finish_reason, c.completion_tokens) for c in alone]
 
 
 @real_model_test
@@ -286,20 +287,21 @@ async def test_close_cancels_what_is_in_flight_and_refuses_new_requests() -> Non
         await backend.complete(FRANCE, max_new_tokens=4)
 
 
-def test_the_shared_prefix_comes_first_then_padding_then_each_rows_own_tokens() -> None:
+def test_reused_prefixes_come_first_then_padding_then_each_rows_own_tokens() -> None:
     shared = list(range(100, 140))
-    layout = lay_out([shared + [7], shared + [8, 9, 10]], pad_id=0, device="cpu")
-    assert layout.shared == 40
-    assert layout.input_ids.tolist() == [shared + [0, 0, 7], shared + [8, 9, 10]]
-    assert layout.attention_mask.tolist() == [[1] * 40 + [0, 0, 1], [1] * 43]
+    layout = lay_out([shared + [7], shared[:30] + [8, 9, 10]], reused=[40, 30], pad_id=0, device="cpu")
+    assert layout.cached == 40
+    assert layout.input_ids.tolist() == [shared + [0, 0, 7], shared[:30] + [0] * 10 + [8, 9, 10]]
+    assert layout.attention_mask.tolist() == [[1] * 40 + [0, 0, 1], [1] * 30 + [0] * 10 + [1, 1, 1]]
+    assert layout.own_columns(1, 33).tolist() == list(range(30)) + [40, 41, 42]
 
 
-def test_short_common_prefixes_and_single_rows_are_plainly_left_padded() -> None:
-    layout = lay_out([[1, 2, 3], [1, 2, 4, 5]], pad_id=0, device="cpu")
-    assert layout.shared == 0
+def test_rows_with_nothing_reused_are_plainly_left_padded() -> None:
+    layout = lay_out([[1, 2, 3], [1, 2, 4, 5]], reused=[0, 0], pad_id=0, device="cpu")
+    assert layout.cached == 0
     assert layout.input_ids.tolist() == [[0, 1, 2, 3], [1, 2, 4, 5]]
     assert layout.attention_mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]]
-    assert lay_out([list(range(100))], pad_id=0, device="cpu").shared == 0
+    assert shared_prefix_length([list(range(100))]) == 0  # one row shares nothing with itself
 
 
 def qwenbot_ask(tmp_path: Path, model: str, question: str, mode: str = "react") -> subprocess.CompletedProcess:

@@ -39,6 +39,7 @@ class Completion:
     completion_tokens: int = 0
     finish_reason: str = "stop"  # "stop" (stop string or end of turn), "length" or "cancelled"
     tool_calls: tuple[ToolCall, ...] = field(default_factory=tuple)
+    cached_tokens: int = 0  # prompt tokens whose KV was reused rather than computed (a prefix cache)
 
 
 class CancelToken:

@@ -1,17 +1,23 @@
-"""One batch of requests through one greedy `model.generate`: layout, shared prefix, per-row grammars and ends.
+"""One batch of requests through one greedy `model.generate`: prefix reuse, layout, per-row grammars and ends,
+pauses.
 
-Runs on the model thread only (see `worker.py`). Two choices here, both measured on the 2-core CPU box with
-SmolLM2-135M (fp32, greedy):
+Runs on the model thread only (see `worker.py`). The choices here, measured on 2-core CPU boxes with SmolLM2-135M:
 
 - Plain padded `generate` with a per-row `StoppingCriteria`, not transformers' continuous-batching manager
   (`generate_batch`): for 8 prompts × 32 new tokens, padded `generate` ran at 83 tokens/s, the manager at under 36
   (its paged attention has no fast CPU path), and the manager has no per-request stop strings or cancellation.
-- The prompt prefix that every row of a batch shares is computed once. ReAct prompts are long (the system message
-  and every tool description: ~690 tokens for this tokenizer) and differ only in their last few dozen tokens, and
-  on a CPU that prefill is compute-bound, so batching alone barely helps it: 8 such prompts × 32 new tokens took
-  60 s one at a time, 48 s as one plain padded batch, and 8.7 s with the shared prefix computed once, every output
-  identical to its request run alone. Rows are laid out `[shared prefix][padding][own suffix]`; the attention mask
-  hides the padding and `generate` derives positions from the mask, so each suffix continues at the right position.
+- No prompt token is computed twice while its KV is known. ReAct prompts are long (the system message and every
+  tool description: ~690 tokens) and on a CPU prefill is compute-bound. Each row starts from the longest prefix the
+  `PrefixCache` holds of it (the tools' prompt, or its own turn so far); the prefix every row of a batch shares is
+  computed once when the store knows less of it. Rows are laid out `[reused prefix][padding][own tokens]`; the
+  attention mask hides the padding and `generate` derives positions from the mask, so each row's tokens continue
+  at the right position.
+- Continuous batching, the simple way: when a newcomer waits and the batch has room, the batch pauses after the
+  current step, its unfinished rows keep their KV in the store, and the next batch takes them with the newcomer.
+  A row's caller is answered the moment the row ends, not when the batch does.
+- A row may be decoded under a grammar (agent/grammar.py): a logits processor masks each constrained row by its
+  own matcher before every token (constraints.py), and `RowStops` feeds each row the token it took. Rows without
+  a grammar are left exactly as they were; a batch without any has no processor at all.
 """
 
 from __future__ import annotations
@@ -22,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-from transformers import (DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteria,
-                          StoppingCriteriaList)
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from agent.llm.base import Message
 from agent.llm.constraints import GrammarEngine, GrammarMasks, RowGrammar
+from agent.llm.prefix_cache import CachedPrefix, Hit, PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +42,12 @@ MIN_SHARED_PREFIX = 32
 
 @dataclass
 class BatchRow:
-    """One request in a batch, and all that changes about it while the batch runs.
+    """One request across the batches it takes part in: its prompt and limits in; its new tokens and end out.
 
-    The per-row state lives here, and `RowSteps` (after every generated token) is the one loop that updates it: a
-    later per-row concern (a cached KV prefix to start from, the new text streamed to its caller) adds its field
-    here and its line in `take`.
+    A row may be paused between two batches (a newcomer joins at the next step: see `generate_rows`); it then
+    resumes in a later batch from its stored KV, with `new_ids` holding what it generated so far, and its grammar
+    where it left it. The per-row state lives here; `RowStops` (after every generated token) is the one loop that
+    updates it: a later per-row concern (the new text streamed to its caller) adds its line in `take`.
     """
 
     prompt_ids: list[int]
@@ -49,14 +56,27 @@ class BatchRow:
     is_cancelled: Callable[[], bool] = lambda: False
     owner: Any = None  # whoever asked (the worker keeps the caller's job here)
     grammar: RowGrammar | None = None  # the grammar this row is decoded under, if its caller gave one
-    ended_after: int = 0  # how many generated tokens belong to this row's output
-    reason: str = ""  # "stop", "length" or "cancelled"; empty while it is still generating
+    reason: str = ""  # "stop", "length" or "cancelled"; empty while it is still generating (or paused)
     new_ids: list[int] = field(default_factory=list)
+    reused_tokens: int = 0  # prompt tokens taken from the prefix cache rather than computed
+    # Within the current batch: the tokens it had before it, and how many of this batch's belong to it.
+    _before: int = 0
+    _ended_after: int | None = None
+
+    @property
+    def context_ids(self) -> list[int]:
+        """Everything the next step continues: the prompt and what was generated so far."""
+        return self.prompt_ids + self.new_ids
+
+    @property
+    def finished(self) -> bool:
+        """Whether the row has ended (stop string, end of turn, token limit or cancellation)."""
+        return self.reason != ""
 
     @property
     def constraint(self) -> RowGrammar | None:
         """The grammar that masks this row's next token: while the row runs and its grammar holds."""
-        if self.reason or self.grammar is None or not self.grammar.active:
+        if self.finished or self.grammar is None or not self.grammar.active:
             return None
         return self.grammar
 
@@ -81,39 +101,51 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
     return list(encoded["input_ids"])
 
 
-class RowSteps(StoppingCriteria):
+class RowStops(StoppingCriteria):
     """The per-row loop after every generated token: each live row takes its token (`BatchRow.take`), then checks
-    its own end conditions: stop strings, token limit, cancel token.
+    its own end conditions: stop strings, token limit and cancel token; and the pause of the whole batch when a
+    newcomer waits (`should_pause`).
 
-    `generate` calls stopping criteria once per step with the token just appended to every row, which makes this
-    the place for per-row work. Returning a per-row bool tensor lets `generate` mark just that row finished (its
-    `unfinished_sequences`), so one chat's stop string or /cancel never cuts another chat's answer short.
+    Returning a per-row bool tensor lets `generate` mark just that row finished (its `unfinished_sequences`),
+    so one chat's stop string or /cancel never cuts another chat's answer short.
     """
 
-    def __init__(self, rows: list[BatchRow], prompt_width: int, tokenizer: Any, eos_ids: set[int]):
+    def __init__(self, rows: list[BatchRow], prompt_width: int, tokenizer: Any, eos_ids: set[int],
+                 should_pause: Callable[[], bool] = lambda: False,
+                 on_finished: Callable[[BatchRow], None] = lambda row: None):
         self.rows = rows
         self.prompt_width = prompt_width
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
+        self.should_pause = should_pause
+        self.on_finished = on_finished  # told at once, not when the whole batch ends
+        self.paused = False
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         generated = input_ids.shape[1] - self.prompt_width
         for index, row in enumerate(self.rows):
-            if row.reason == "":
-                new_ids = input_ids[index, self.prompt_width:]
-                row.take(int(new_ids[-1]))
-                self._check(row, new_ids, generated)
-        return torch.tensor([row.reason != "" for row in self.rows], device=input_ids.device)
+            if not row.finished:
+                row.take(int(input_ids[index, -1]))
+                self._check(row, input_ids[index, self.prompt_width:], generated)
+                if row.finished:
+                    row.new_ids = row.new_ids[: row._before] + input_ids[index, self.prompt_width:][
+                        : row._ended_after].tolist()
+                    self.on_finished(row)
+        if not all(row.finished for row in self.rows) and self.should_pause():
+            self.paused = True
+            return torch.ones(len(self.rows), dtype=torch.bool, device=input_ids.device)
+        return torch.tensor([row.finished for row in self.rows], device=input_ids.device)
 
     def _check(self, row: BatchRow, new_ids: torch.Tensor, generated: int) -> None:
+        total = row._before + generated
         if row.is_cancelled():
-            row.ended_after, row.reason = generated, "cancelled"
+            row._ended_after, row.reason = generated, "cancelled"
         elif int(new_ids[-1]) in self.eos_ids:
-            row.ended_after, row.reason = generated - 1, "stop"  # the end-of-turn token is not text
-        elif row.stop and _has_stop(self.tokenizer.decode(new_ids), row.stop):
-            row.ended_after, row.reason = generated, "stop"
-        elif generated >= row.max_new_tokens:
-            row.ended_after, row.reason = generated, "length"
+            row._ended_after, row.reason = generated - 1, "stop"  # the end-of-turn token is not text
+        elif row.stop and _has_stop(self.tokenizer.decode(row.new_ids + new_ids.tolist()), row.stop):
+            row._ended_after, row.reason = generated, "stop"
+        elif total >= row.max_new_tokens:
+            row._ended_after, row.reason = generated, "length"
 
 
 def _has_stop(text: str, stop: Sequence[str]) -> bool:
@@ -122,22 +154,36 @@ def _has_stop(text: str, stop: Sequence[str]) -> bool:
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """The batch as tensors: `[shared prefix][padding][own suffix]` per row, and the mask hiding the padding."""
+    """The batch as tensors, each row `[reused prefix][padding][own tokens]`, and the mask hiding the padding.
+
+    The reused prefixes (their KV comes from the prefix cache) fill the first `cached` columns; every row's last
+    token is in the last column. `generate` derives positions from the mask, so each row's own tokens continue at
+    the right position whatever its padding.
+    """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    shared: int  # length of the prefix every row starts with (0: plain left padding)
+    cached: int  # columns whose KV is given (the longest reused prefix); 0: a plain left-padded batch
+    reused: tuple[int, ...]  # per row, how many of its tokens are reused
+
+    def own_columns(self, row: int, length: int) -> torch.Tensor:
+        """Columns holding the row's tokens: its reused prefix, then its own tokens (`length` in all)."""
+        width = self.input_ids.shape[1]
+        reused = self.reused[row]
+        return torch.cat([torch.arange(reused), torch.arange(width - (length - reused), width)])
 
 
-def lay_out(prompts: list[list[int]], pad_id: int, device: Any, share_prefix: bool = True) -> BatchLayout:
-    """Align the rows' last tokens, the common prefix first; with no prefix worth sharing, this is left padding."""
-    shared = shared_prefix_length(prompts) if share_prefix else 0
-    suffixes = [prompt[shared:] for prompt in prompts]
-    width = max(map(len, suffixes))
-    prefix = prompts[0][:shared]
-    ids = [prefix + [pad_id] * (width - len(s)) + s for s in suffixes]
-    mask = [[1] * shared + [0] * (width - len(s)) + [1] * len(s) for s in suffixes]
-    return BatchLayout(torch.tensor(ids, device=device), torch.tensor(mask, device=device), shared)
+def lay_out(contexts: list[list[int]], reused: Sequence[int], pad_id: int, device: Any) -> BatchLayout:
+    """Place each row's reused prefix first and its own tokens last, padding between."""
+    cached = max(reused, default=0)
+    own = [context[n:] for context, n in zip(contexts, reused)]
+    width = cached + max(map(len, own))
+    ids, mask = [], []
+    for context, n, tail in zip(contexts, reused, own):
+        gap = width - n - len(tail)
+        ids.append(context[:n] + [pad_id] * gap + tail)
+        mask.append([1] * n + [0] * gap + [1] * len(tail))
+    return BatchLayout(torch.tensor(ids, device=device), torch.tensor(mask, device=device), cached, tuple(reused))
 
 
 def shared_prefix_length(prompts: list[list[int]]) -> int:
@@ -151,42 +197,98 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
     return length if length >= MIN_SHARED_PREFIX else 0
 
 
-def prefill_shared_prefix(model: Any, layout: BatchLayout) -> DynamicCache | None:
-    """Run the shared prefix once and copy its cache to every row; None when there is no shared prefix."""
-    if not layout.shared:
-        return None
-    cache = DynamicCache(config=model.config)
-    model(input_ids=layout.input_ids[:1, : layout.shared], use_cache=True, logits_to_keep=1,
-          **{cache_argument(model): cache})
-    cache.batch_repeat_interleave(layout.input_ids.shape[0])
-    return cache
-
-
 def cache_argument(model: Any) -> str:
     """The name under which this transformers takes a KV cache: `cache` since v5, `past_key_values` before."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_tokens: int = 0,
+                  store: PrefixCache | None = None, should_pause: Callable[[], bool] = lambda: False,
+                  on_finished: Callable[[BatchRow], None] = lambda row: None,
                   grammars: GrammarEngine | None = None) -> None:
-    """Greedy generation for all `rows` at once; fills each row's `new_ids` and `reason`.
+    """Greedy generation for all `rows` at once, each starting from the longest prefix `store` holds of it.
 
-    Rows with a grammar are masked by it (`grammars` compiled them); the others are left exactly as they were.
+    Fills each row's `new_ids` and, once it ends, its `reason`, and tells `on_finished` at once (its caller need
+    not wait for the batch's longest row). When `should_pause` turns true while rows are still generating (a
+    newcomer waits), the batch stops after the current step: rows left unfinished keep their KV in `store` and
+    resume in the next batch, beside the newcomer. Rows with a grammar are masked by it (`grammars` compiled them).
     """
+    store = store if store is not None else PrefixCache(0)
     eos = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    config = _greedy_config(max(row.max_new_tokens for row in rows), min_new_tokens, eos, pad_id)
+    longest = max(row.max_new_tokens - len(row.new_ids) for row in rows)
+    config = _greedy_config(longest, min_new_tokens, eos, pad_id)
     with torch.inference_mode():
-        layout = lay_out([row.prompt_ids for row in rows], pad_id, model.device)
-        steps = RowSteps(rows, layout.input_ids.shape[1], tokenizer, eos)
-        cache = prefill_shared_prefix(model, layout)
-        log.debug("batch of %d: %d prompt tokens shared, %d own at most", len(rows), layout.shared,
-                  layout.input_ids.shape[1] - layout.shared)
+        hits = reusable_prefixes(model, [row.context_ids for row in rows], store)
+        layout = lay_out([row.context_ids for row in rows], [hit.length for hit in hits], pad_id, model.device)
+        cache = batch_cache(model, hits, layout)
+        # Pausing needs the store: a paused row resumes from the KV kept there.
+        stops = RowStops(rows, layout.input_ids.shape[1], tokenizer, eos,
+                         should_pause if store.budget_bytes else (lambda: False), on_finished)
+        _begin(rows, hits, store)
+        log.debug("batch of %d: reused %s prompt tokens, computed %d columns", len(rows), layout.reused,
+                  layout.input_ids.shape[1] - layout.cached)
         output = model.generate(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
-                                generation_config=config, stopping_criteria=StoppingCriteriaList([steps]),
-                                logits_processor=_masks(rows, grammars),
-                                **({cache_argument(model): cache} if cache is not None else {}))
-    _keep_generated(rows, output[:, layout.input_ids.shape[1]:].tolist())
+                                generation_config=config, stopping_criteria=StoppingCriteriaList([stops]),
+                                logits_processor=_masks(rows, grammars), **{cache_argument(model): cache})
+        generated = output[:, layout.input_ids.shape[1]:].tolist()
+        for row in _keep_generated(rows, generated):
+            on_finished(row)
+        _store_rows(rows, layout, cache, store, steps=len(generated[0]) if generated else 0)
+
+
+def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixCache) -> list[Hit]:
+    """For each row, the longest prefix whose KV is known; the prefix every row of the batch shares is computed
+    once here (from what the store knows of it) when that reaches further, so no row computes it again."""
+    hits = [store.longest(context) for context in contexts]
+    shared = shared_prefix_length(contexts)
+    if shared and min(hit.length for hit in hits) < shared:
+        base = max(hits, key=lambda hit: hit.length)
+        if base.length >= shared:
+            common = Hit(base.entry, shared)
+        else:
+            common = extend_prefix(model, contexts[0][:shared], base)
+            store.put(contexts[0][:shared], common.layers())
+        hits = [hit if hit.length >= shared else common for hit in hits]
+    return hits
+
+
+def extend_prefix(model: Any, tokens: list[int], base: Hit) -> Hit:
+    """The KV of `tokens`, computing only those past the prefix `base` already holds."""
+    known = base.length
+    cache = DynamicCache(ddp_cache_data=base.layers(), config=model.config) if known else \
+        DynamicCache(config=model.config)
+    model(input_ids=torch.tensor([tokens[known:]], device=model.device), use_cache=True, logits_to_keep=1,
+          **{cache_argument(model): cache})
+    layers = [(layer.keys, layer.values) for layer in cache.layers]
+    return Hit(CachedPrefix(torch.tensor(tokens, dtype=torch.long), layers), len(tokens))
+
+
+def batch_cache(model: Any, hits: list[Hit], layout: BatchLayout) -> DynamicCache:
+    """One KV cache for the batch: each row's reused prefix in the first columns, zeros (masked) after it."""
+    if not layout.cached:
+        return DynamicCache(config=model.config)
+    donor = next(hit for hit in hits if hit.length).layers()
+    layers = []
+    for index in range(len(donor)):
+        keys, values = donor[index]
+        shape = (len(hits), keys.shape[1], layout.cached, keys.shape[3])
+        batch_keys, batch_values = keys.new_zeros(shape), values.new_zeros(shape)
+        for row, hit in enumerate(hits):
+            if hit.length:
+                own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
+                batch_keys[row, :, : hit.length] = own_keys[0, :, : hit.length]
+                batch_values[row, :, : hit.length] = own_values[0, :, : hit.length]
+        layers.append((batch_keys, batch_values))
+    return DynamicCache(ddp_cache_data=layers, config=model.config)
+
+
+def _begin(rows: list[BatchRow], hits: list[Hit], store: PrefixCache) -> None:
+    for row, hit in zip(rows, hits):
+        if not row.new_ids:  # a row's first batch: count what its prompt reused
+            row.reused_tokens = hit.length
+            store.count(hit.length, len(row.prompt_ids) - hit.length)
+        row._before, row._ended_after = len(row.new_ids), None
 
 
 def _masks(rows: list[BatchRow], grammars: GrammarEngine | None) -> LogitsProcessorList:
@@ -204,12 +306,35 @@ def _greedy_config(longest: int, min_new_tokens: int, eos: set[int], pad_id: int
                             eos_token_id=sorted(eos), pad_token_id=pad_id)
 
 
-def _keep_generated(rows: list[BatchRow], generated: list[list[int]]) -> None:
-    """Cut each row's tokens where that row ended; what the batch generated after that is padding."""
+def _keep_generated(rows: list[BatchRow], generated: list[list[int]]) -> list[BatchRow]:
+    """Add this batch's tokens to the rows still going (paused, or cut by `generate`'s own limit); rows that
+    ended have theirs already. Returns the rows that ended only here."""
+    ended_here = []
     for row, ids in zip(rows, generated):
-        if row.reason == "":  # defensive: generate stopped before `RowSteps` saw the row's last step
-            row.ended_after, row.reason = len(ids), "length"
-        row.new_ids = ids[: row.ended_after]
+        if row.finished:
+            continue
+        row.new_ids = row.new_ids + ids
+        if len(row.new_ids) >= row.max_new_tokens:
+            row.reason = "length"
+            ended_here.append(row)
+    return ended_here
+
+
+def _store_rows(rows: list[BatchRow], layout: BatchLayout, cache: DynamicCache, store: PrefixCache,
+                steps: int) -> None:
+    """Keep each row's KV, its whole sequence so far, for its next call (or its next batch, when paused)."""
+    if not store.budget_bytes:
+        return
+    width = layout.input_ids.shape[1]
+    for index, row in enumerate(rows):
+        before = len(row.prompt_ids) + row._before  # the row's tokens when this batch began
+        # The batch's last generated token was never fed back, so its KV is not in the cache.
+        new_here = min(len(row.new_ids) - row._before, max(steps - 1, 0))
+        columns = torch.cat([layout.own_columns(index, before), torch.arange(width, width + new_here)])
+        layers = [(layer.keys[index:index + 1].index_select(2, columns.to(layer.keys.device)),
+                   layer.values[index:index + 1].index_select(2, columns.to(layer.values.device)))
+                  for layer in cache.layers]
+        store.put(row.context_ids[: before + new_here], layers)
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:

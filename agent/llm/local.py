@@ -8,12 +8,16 @@ event loop only awaits it. Token counting uses a second tokenizer instance that 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import hashlib
 import logging
 import re
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from agent.errors import LLMError, ModelLoadError
 from agent.grammar import Grammar
@@ -24,6 +28,8 @@ from agent.llm.worker import Job, LoadedModel, ModelWorker
 log = logging.getLogger(__name__)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """Where `MODEL` points: what to hand `from_pretrained`, and the GGUF file inside it if any."""
@@ -48,20 +54,28 @@ def resolve_model(setting: str) -> ModelSource:
 
 
 def choose_dtype(setting: str, on_gpu: bool) -> Any:
-    """The torch dtype for MODEL_DTYPE; `auto` means bf16 on a GPU and fp32 on a CPU.
+    """The torch dtype for MODEL_DTYPE; `auto` means bf16 where the hardware computes it natively, else fp32.
 
-    Why fp32 on a CPU: measured on the 2-core box (SmolLM2-135M, 8 prompts × 32 greedy tokens), a padded fp32
-    batch gave exactly the tokens each prompt gave alone, while bf16 changed 2 of 8 outputs (bf16 rounding flips
-    near-tied greedy choices when the batch shape changes). bf16 was ~1.5× faster; set MODEL_DTYPE=bfloat16 to
-    trade that exactness for speed. On a GPU bf16 is what serving uses: its kernels are not batch-invariant in
-    any dtype, so fp32 would cost memory and speed without buying exactness.
+    Native bf16: a CUDA GPU, or a CPU with avx512_bf16 or AMX (measured 2.4-3x faster than fp32 on such a CPU).
+    Without those instructions bf16 is emulated and slower than fp32. bf16 is not batch-invariant: rounding can
+    flip a near-tied greedy choice when the batch shape changes; MODEL_DTYPE=float32 buys exact, batch-independent
+    outputs (on a CPU) at that speed cost.
     """
     import torch
 
     check_dtype_setting(setting)
     if setting == "auto":
-        return torch.bfloat16 if on_gpu else torch.float32
+        return torch.bfloat16 if on_gpu or cpu_has_native_bf16() else torch.float32
     return getattr(torch, setting)
+
+
+def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has bf16 arithmetic instructions (Linux's flags; elsewhere assume not)."""
+    try:
+        flags = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
 def check_dtype_setting(setting: str) -> None:
@@ -70,31 +84,100 @@ def check_dtype_setting(setting: str) -> None:
         raise ModelLoadError(f"MODEL_DTYPE must be one of {', '.join(MODEL_DTYPES)}, got {setting!r}")
 
 
-def load_model(source: ModelSource, device_map: str, dtype_setting: str, native_tools: bool = False) -> LoadedModel:
+def load_model(source: ModelSource, device_map: str, dtype_setting: str,
+               converted_dir: Path | None = None, native_tools: bool = False) -> LoadedModel:
     """Load tokenizer and model (on the model thread); every failure becomes one clear `ModelLoadError` line.
 
+    A GGUF file is converted on its first load (tokenizer built, weights de-quantized: a minute on a small CPU)
+    and, with `converted_dir`, saved there in transformers' own format, so later starts load in seconds.
     `native_tools`: the agent will offer tools through the chat template (AGENT_MODE=native), so the template must
     render them; that is checked before the weights load.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    options: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    started = time.perf_counter()
+    on_gpu = torch.cuda.is_available() and device_map not in ("", "cpu")
+    dtype = choose_dtype(dtype_setting, on_gpu)
+    converted = converted_folder(source, dtype, converted_dir)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
-        check_chat_template(source, tokenizer)
-        if native_tools:
-            check_renders_tools(source, tokenizer)
-        on_gpu = torch.cuda.is_available() and device_map not in ("", "cpu")
-        model = AutoModelForCausalLM.from_pretrained(
-            source.location, dtype=choose_dtype(dtype_setting, on_gpu), device_map=device_map or None, **options)
+        if converted is not None and (converted / COMPLETE_MARK).is_file():
+            tokenizer, model = _from_pretrained(ModelSource(source.setting, str(converted)), dtype, device_map,
+                                                native_tools)
+        else:
+            tokenizer, model = _from_pretrained(source, dtype, device_map, native_tools)
+            if converted is not None:
+                save_converted(model, tokenizer, converted)
     except ModelLoadError:
         raise
     except Exception as error:
         raise ModelLoadError(f"MODEL {source.setting}: cannot load it: {_first_line(error)}") from error
     model.eval()
-    log.info("loaded %s (%s on %s)", source.setting, model.dtype, model.device)
+    log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, model.dtype, model.device,
+             time.perf_counter() - started, f" from {converted}" if converted and converted.exists() else "")
     return LoadedModel(model, tokenizer, GrammarEngine(tokenizer))
+
+
+def _from_pretrained(source: ModelSource, dtype: Any, device_map: str, native_tools: bool) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    options: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
+    check_chat_template(source, tokenizer)
+    if native_tools:
+        check_renders_tools(source, tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, device_map=device_map or None,
+                                                 **options)
+    return tokenizer, model
+
+
+COMPLETE_MARK = "converted.ok"  # written last: a folder without it is an interrupted save, converted again
+_HASHED_BYTES = 16 * 1024 * 1024
+
+
+def converted_folder(source: ModelSource, dtype: Any, converted_dir: Path | None) -> Path | None:
+    """Where a GGUF's converted copy lives: named by the file's size and the hash of its first 16 MiB (its header
+    and metadata, so a replaced file is converted again) and the dtype; None for models that need no converting."""
+    if converted_dir is None or source.gguf_file is None:
+        return None
+    path = Path(source.location) / source.gguf_file
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        digest.update(file.read(_HASHED_BYTES))
+    digest.update(str(path.stat().st_size).encode())
+    return Path(converted_dir) / f"{path.stem}-{digest.hexdigest()[:16]}-{str(dtype).removeprefix('torch.')}"
+
+
+@contextlib.contextmanager
+def _as_plain_weights(model: Any) -> Iterator[None]:
+    """A de-quantized GGUF model still carries its GGUF quantizer, which refuses `save_pretrained`; its weights
+    are plain tensors by then, so it is saved (and later loaded) as the ordinary model it has become."""
+    quantizer, config = getattr(model, "hf_quantizer", None), getattr(model.config, "quantization_config", None)
+    model.hf_quantizer = None
+    if config is not None:
+        del model.config.quantization_config
+    try:
+        yield
+    finally:
+        model.hf_quantizer = quantizer
+        if config is not None:
+            model.config.quantization_config = config
+
+
+def save_converted(model: Any, tokenizer: Any, folder: Path) -> None:
+    """Save the converted model; a failure (a full disk, a read-only folder) is logged, never fatal."""
+    partial = folder.with_name(folder.name + ".partial")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        with _as_plain_weights(model):
+            model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        (partial / COMPLETE_MARK).write_text("ok\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        partial.rename(folder)
+        log.info("saved the converted model to %s: the next start loads it directly", folder)
+    except OSError as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        log.warning("could not save the converted model to %s (%s): every start converts it again", folder, error)
 
 
 def check_chat_template(source: ModelSource, tokenizer: Any) -> None:
@@ -132,8 +215,11 @@ class LocalLLM(LLM):
     name = "local"
 
     def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
-                 batch_wait_ms: int = 20, min_new_tokens: int = 0, native_tools: bool = False):
+                 batch_wait_ms: int = 20, min_new_tokens: int = 0, converted_dir: Path | None = None,
+                 prefix_cache_mb: int = 0, native_tools: bool = False):
         self.model_setting = model
+        self.converted_dir = converted_dir
+        self.prefix_cache_mb = prefix_cache_mb
         self.native_tools = native_tools  # AGENT_MODE=native: the chat template must render tools
         self.device_map = device_map
         self.dtype = dtype
@@ -147,9 +233,10 @@ class LocalLLM(LLM):
         """Load the model on its thread and wait for it; raises `ModelLoadError` with one clear line."""
         source = resolve_model(self.model_setting)
         check_dtype_setting(self.dtype)
-        worker = ModelWorker(lambda: load_model(source, self.device_map, self.dtype, self.native_tools),
+        worker = ModelWorker(lambda: load_model(source, self.device_map, self.dtype, self.converted_dir,
+                                                self.native_tools),
                              batch_size=self.batch_size, batch_wait=self.batch_wait_ms / 1000,
-                             min_new_tokens=self.min_new_tokens)
+                             min_new_tokens=self.min_new_tokens, prefix_cache_bytes=self.prefix_cache_mb << 20)
         loaded = await worker.start()
         # A copy is a separate Rust object, so the loop and the model thread never share a tokenizer. Copying
         # here is safe: no job can reach the model thread before `self._worker` is set below.

@@ -4,7 +4,6 @@
     ──────────                               ────────────
     submit(Job) ──── queue.Queue ──────────▶ take every pending job (up to batch_size)
                                              one `generate` for all of them (batching.py), each row
-                                             masked by its own grammar if it has one (constraints.py),
                                              ending on its own stop strings / token limit / cancel token
     await job.future ◀── call_soon_threadsafe ─ settle each job with its Completion or its error
 
@@ -33,6 +32,7 @@ from agent.llm.base import CancelToken, Completion, Message, trim_at_stop
 from agent.grammar import Grammar
 from agent.llm.batching import BatchRow, generate_rows, render_prompt
 from agent.llm.constraints import GrammarEngine, RowGrammar
+from agent.llm.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class LoadedModel:
 
     model: Any
     tokenizer: Any
-    grammars: GrammarEngine | None = None  # None: grammars are refused (a test double, or no llguidance)
+    grammars: GrammarEngine | None = None  # None: grammars are refused (a test double)
 
 
 @dataclass
@@ -89,7 +89,7 @@ class ModelWorker:
     """Owns the model thread: loads the model there, then runs batches of jobs until closed."""
 
     def __init__(self, load: Callable[[], LoadedModel], *, batch_size: int, batch_wait: float = 0.0,
-                 min_new_tokens: int = 0):
+                 min_new_tokens: int = 0, prefix_cache_bytes: int = 0):
         self._load = load
         self.batch_size = batch_size
         self.batch_wait = batch_wait  # seconds a batch may wait, from its first job's arrival, for more jobs
@@ -101,6 +101,9 @@ class ModelWorker:
         self._exited: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._current: list[Job] = []
+        # Rows paused so that a newcomer could join: they go first into the next batch, with their KV in the store.
+        self._paused: list[BatchRow] = []
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._closing = threading.Event()
 
     async def start(self) -> LoadedModel:
@@ -160,27 +163,35 @@ class ModelWorker:
 
     def _serve(self, loaded: LoadedModel) -> None:
         while True:
-            self._current = self._next_batch()
+            resumed = self._paused
+            self._paused = []
+            self._current = [row.owner for row in resumed] + self._next_batch(room=self.batch_size - len(resumed),
+                                                                              block=not resumed)
             if self._closing.is_set():
                 closed = LLMError("the local model is shutting down")
                 _fail_jobs(self._current, closed)
                 self._fail_queued(closed)
                 return
-            self._run_batch(loaded, self._current)
+            self._run_batch(loaded, resumed, self._current[len(resumed):])
             self._current = []
 
-    def _next_batch(self) -> list[Job]:
-        """Block for one job, then take what else arrives within `batch_wait` of it, up to the batch size.
+    def _next_batch(self, room: int, block: bool = True) -> list[Job]:
+        """Wait for one job (when `block`), then take what else arrives within `batch_wait` of it, up to `room`.
 
         Turns that start together reach the model a few milliseconds apart (each first reads its history);
         without the wait the first would run alone and the rest in a second batch, and their next calls
         would stay out of step. Jobs that queued while a batch ran are past their wait and go at once.
         """
         batch: list[Job] = []
-        item = self._jobs.get()
+        if room <= 0:
+            return batch
+        try:
+            item = self._jobs.get() if block else self._jobs.get_nowait()
+        except queue.Empty:
+            return batch
         while item is not _CLOSE:
             batch.append(item)
-            if len(batch) >= self.batch_size:
+            if len(batch) >= room:
                 break
             wait = batch[0].submitted_at + self.batch_wait - time.monotonic()
             try:
@@ -198,15 +209,18 @@ class ModelWorker:
             if item is not _CLOSE:
                 item.settle(error=error)
 
-    def _run_batch(self, loaded: LoadedModel, jobs: list[Job]) -> None:
-        """Generate for every live job in one batch; an error fails this batch's callers, not the thread."""
-        rows = [row for job in jobs if (row := _prepare(loaded, job)) is not None]
+    def _run_batch(self, loaded: LoadedModel, resumed: list[BatchRow], jobs: list[Job]) -> None:
+        """Generate for the resumed rows and every live new job in one batch; an error fails this batch's callers,
+        not the thread."""
+        rows = resumed + [row for job in jobs if (row := _prepare(loaded, job)) is not None]
         if not rows:
             return
         log.debug("generating a batch of %d (longest prompt %d tokens)",
                   len(rows), max(len(row.prompt_ids) for row in rows))
         try:
-            generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens, loaded.grammars)
+            generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens, self.prefix_cache,
+                          should_pause=lambda: self._newcomer_waits(rows),
+                          on_finished=lambda row: _settle_row(loaded.tokenizer, row), grammars=loaded.grammars)
         except torch.OutOfMemoryError:
             _free_device_memory()
             _fail(rows, LLMOutOfMemory(
@@ -216,8 +230,13 @@ class ModelWorker:
             log.exception("generate failed for a batch of %d", len(rows))
             _fail(rows, LLMError(f"the local model failed: {type(error).__name__}: {error}"))
             return
-        for row in rows:
-            _settle_row(loaded.tokenizer, row)
+        self._paused = [row for row in rows if not row.finished]
+
+    def _newcomer_waits(self, rows: list[BatchRow]) -> bool:
+        """Whether a job waits that this batch has room for (rows that ended free their place): then the batch
+        pauses after this step, and the newcomer joins the next one."""
+        live = sum(not row.finished for row in rows)
+        return not self._jobs.empty() and live < self.batch_size
 
 
 def _prepare(loaded: LoadedModel, job: Job) -> BatchRow | None:
@@ -256,7 +275,7 @@ def _settle_row(tokenizer: Any, row: BatchRow) -> None:
         return
     raw = tokenizer.decode(row.new_ids, skip_special_tokens=True)
     text, _ = trim_at_stop(raw, row.stop)
-    job.settle(Completion(text, len(row.prompt_ids), len(row.new_ids), row.reason))
+    job.settle(Completion(text, len(row.prompt_ids), len(row.new_ids), row.reason, cached_tokens=row.reused_tokens))
 
 
 def _fail(rows: list[BatchRow], error: LLMError) -> None:

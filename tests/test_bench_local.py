@@ -1,0 +1,60 @@
+"""The local benchmark's openai contender, end to end against the fake OpenAI server (no model is loaded).
+
+bench/bench_local.py runs the agent's real ReAct turns through our openai backend in a process of its own; this
+checks what the server receives (distinct questions, fixed lengths: `max_tokens` and the banned end tokens, no stop
+strings) and the JSON rows it prints. The fake counts characters as tokens, so 4-character replies are 4 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from bench import bench_local
+from tests.fakes.openai_server import FakeOpenAIServer
+
+NEW_TOKENS = 4
+ROW_KEYS = {"mode", "chats", "tokens", "seconds", "tokens_per_s", "turn_p50_s", "turn_p95_s", "first_token_p50_s",
+            "prompt_tokens_computed", "prompt_tokens_reused", "peak_rss_mb"}
+
+
+def test_openai_contender_rows_and_requests(capsys):
+    chats, turns, repeats = (1, 2), 2, 2
+    warm_up_calls = max(chats) * 1 * 2
+    calls = warm_up_calls + sum(chats) * turns * 2 * repeats
+    with FakeOpenAIServer(model="smol") as server:
+        server.add(*["abcd"] * calls)
+        code = bench_local.main(["--modes", "--openai", server.base_url, "--openai-label", "fake server",
+                                 "--chats", *map(str, chats), "--turns", str(turns), "--repeat", str(repeats),
+                                 "--new-tokens", str(NEW_TOKENS), "--probe-tokens", "0", "--no-startup",
+                                 "--ban-token-ids", "0", "2", "--json"])
+        requests = server.chat_requests
+    assert code == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(row["mode"], row["chats"], row["repeat"]) for row in rows] == [
+        ("fake server", c, r) for r in (1, 2) for c in chats]
+    for row in rows:
+        assert ROW_KEYS <= row.keys()
+        assert row["tokens"] == row["chats"] * turns * 2 * NEW_TOKENS
+        assert row["short_calls"] == 0
+        assert row["turns"] == row["chats"] * turns
+        assert row["turn_p50_s"] > 0 and row["turn_p95_s"] >= row["turn_p50_s"]
+        assert row["tokens_per_s"] == row["tokens"] / row["seconds"]
+        # The fake says nothing of reused prompt tokens: unknown, not zero.
+        assert row["prompt_tokens_reused"] is None and row["prompt_tokens_computed"] is None
+        assert row["prompt_tokens_sent"] > 0
+    assert len(requests) == calls
+    for request in requests:
+        assert request.body["max_tokens"] == NEW_TOKENS
+        assert request.body["logit_bias"] == {"0": -100, "2": -100}
+        assert "stop" not in request.body  # fixed lengths: nothing may end a call early
+    # A first call's prompt ends with its question; the second call's goes on with the folded trace.
+    contents = [r.body["messages"][-1]["content"] for r in requests]
+    first_calls = [re.findall(r"^Question: (.*)$", c, re.MULTILINE)[-1] for c in contents
+                   if re.search(r"\nQuestion: [^\n]*$", c)]
+    assert len(first_calls) == calls // 2 and len(set(first_calls)) == len(first_calls)  # every question distinct
+
+
+def test_end_tokens_of_the_test_gguf_are_the_ones_llama_cpp_ends_on():
+    # SmolLM2's eos is <|im_end|> (2); <|endoftext|> (0) ends a llama.cpp generation too, by its name.
+    assert bench_local.end_token_ids(bench_local.DEFAULT_MODEL) == (0, 2)

@@ -1,0 +1,164 @@
+"""The prompt prefix cache of the local backend: what it keeps, that it changes no output, that it stays within its
+memory budget, and that a newcomer joins a running batch at the next step instead of waiting for it to end.
+
+The real-model tests run SmolLM2-135M (GGUF) through `LocalLLM` twice, with the cache on and off; the first start
+converts the GGUF into a temporary folder, the second loads that converted copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import torch
+
+from agent.llm.local import LocalLLM, converted_folder, resolve_model
+from agent.llm.prefix_cache import PrefixCache
+from agent.prompts import SYSTEM_MESSAGE, react_prompt
+from tools.calculator import CALCULATOR
+
+REPO = Path(__file__).resolve().parents[1]
+GGUF = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+STOP = ["Observation:"]
+
+
+def kv(length: int, width: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Keys and values of two layers for `length` tokens (`width` floats each)."""
+    return [(torch.zeros(1, 1, length, width), torch.zeros(1, 1, length, width)) for _ in range(2)]
+
+
+# --- the store -------------------------------------------------------------------------------------------------
+
+def test_the_longest_shared_prefix_is_found_and_the_last_prompt_token_is_left_to_compute() -> None:
+    store = PrefixCache(budget_bytes=1 << 20)
+    store.put([1, 2, 3, 4, 5], kv(5))
+    store.put([1, 2, 9], kv(3))
+    assert store.longest([1, 2, 3, 7]).length == 3
+    assert store.longest([1, 2, 9, 9]).length == 3
+    assert store.longest([1, 2, 3, 4, 5]).length == 4  # all of it is stored, but the last token's logits are needed
+    assert store.longest([8, 1, 2]).length == 0
+    hit = store.longest([1, 2, 3, 4, 5, 6])
+    assert [tuple(k.shape) for k, _ in hit.layers()] == [(1, 1, 5, 4), (1, 1, 5, 4)]
+
+
+def test_a_sequence_that_grows_replaces_its_own_prefix() -> None:
+    store = PrefixCache(budget_bytes=1 << 20)
+    store.put([1, 2, 3], kv(3))
+    store.put([1, 2, 3, 4, 5], kv(5))
+    store.put([1, 2, 3, 4, 5, 6, 7], kv(7))
+    assert len(store) == 1 and store.longest([1, 2, 3, 4, 5, 6, 7, 8]).length == 7
+
+
+def test_a_hundred_conversations_stay_within_the_budget_and_the_recent_ones_are_kept() -> None:
+    one_entry = sum(k.nelement() * 4 + v.nelement() * 4 for k, v in kv(40))
+    store = PrefixCache(budget_bytes=10 * one_entry)
+    system = list(range(1000, 1030))
+    for turn in range(100):
+        first = system + [turn, turn + 1]
+        store.put(first + [7] * 4, kv(len(first) + 4))  # the first call's prompt and reply
+        second = first + [7] * 4 + [turn] * 4
+        store.put(second, kv(len(second)))  # the second call: contains the first, which is dropped
+        assert store.nbytes <= store.budget_bytes
+    assert len(store) <= 10
+    assert store.longest(system + [99, 100, 7, 7]).length == 33  # the newest conversation is still there
+    assert store.longest(system + [0, 1, 7, 7]).length == 30  # the oldest is gone; the system prompt is not
+
+
+def test_an_entry_larger_than_the_budget_is_not_kept_and_a_zero_budget_keeps_nothing() -> None:
+    store = PrefixCache(budget_bytes=100)
+    store.put(list(range(50)), kv(50))
+    assert len(store) == 0
+    off = PrefixCache(budget_bytes=0)
+    off.put([1, 2, 3], kv(3))
+    assert len(off) == 0 and off.longest([1, 2, 3, 4]).length == 0
+
+
+# --- the real model --------------------------------------------------------------------------------------------
+
+def real_model_test(test):
+    """A test on the module's event loop, where the two backends were started."""
+    return pytest.mark.real_model(pytest.mark.asyncio(loop_scope="module")(test))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def backends(tmp_path_factory):
+    """The same model twice: without a prefix cache, and with one of 64 MiB."""
+    if not GGUF.is_file():
+        pytest.fail(f"{GGUF} is missing: run scripts/fetch_assets.sh (scripts/test.sh does)")
+    converted = tmp_path_factory.mktemp("converted")
+    plain = LocalLLM(str(GGUF), device_map="cpu", dtype="float32", converted_dir=converted, prefix_cache_mb=0)
+    cached = LocalLLM(str(GGUF), device_map="cpu", dtype="float32", converted_dir=converted, prefix_cache_mb=64)
+    await plain.start()
+    await cached.start()
+    yield plain, cached, converted
+    await plain.close()
+    await cached.close()
+
+
+def react_turn(question: str) -> list[dict]:
+    """The messages of a turn's first model call, as the agent renders them."""
+    return [{"role": "system", "content": SYSTEM_MESSAGE},
+            {"role": "user", "content": react_prompt([CALCULATOR], question)}]
+
+
+def continued(messages: list[dict], reply: str, observation: str) -> list[dict]:
+    """The next call of the same turn: the assistant's trace so far, with the tool's observation."""
+    return [*messages, {"role": "assistant", "content": f"{reply}\nObservation: {observation}\nThought:"}]
+
+
+@real_model_test
+async def test_the_first_start_converts_the_gguf_and_the_second_loads_the_converted_copy(backends) -> None:
+    plain, cached, converted = backends
+    folder = converted_folder(resolve_model(str(GGUF)), torch.float32, converted)
+    assert folder is not None and (folder / "converted.ok").is_file() and (folder / "config.json").is_file()
+    assert [path.name for path in converted.iterdir()] == [folder.name]  # no half-written copy left behind
+    reply = await cached.complete([{"role": "user", "content": "What is the capital of France?"}],
+                                  max_new_tokens=8)
+    assert reply.text.startswith("The capital of France is")  # the converted copy is the same model
+
+
+@real_model_test
+async def test_outputs_with_the_cache_equal_outputs_without_it_and_the_prompt_is_reused(backends) -> None:
+    plain, cached, _ = backends
+    results = {}
+    for name, llm in (("plain", plain), ("cached", cached)):
+        first = react_turn("What is 12 * 7?")
+        one = await llm.complete(first, stop=STOP, max_new_tokens=24)
+        two = await llm.complete(continued(first, one.text, "84"), stop=STOP, max_new_tokens=24)
+        other = await llm.complete(react_turn("What is 3 + 5?"), stop=STOP, max_new_tokens=24)
+        results[name] = [one, two, other]
+    assert [c.text for c in results["cached"]] == [c.text for c in results["plain"]]
+    one, two, other = results["cached"]
+    assert one.cached_tokens < 0.1 * one.prompt_tokens  # only the template's opening was seen before
+    assert two.cached_tokens > 0.8 * two.prompt_tokens  # the whole first call was reused
+    assert other.cached_tokens > 0.8 * other.prompt_tokens  # another chat reuses the system prompt and tools
+    assert all(c.cached_tokens == 0 for c in results["plain"])
+
+
+@real_model_test
+async def test_a_hundred_turns_keep_the_cache_within_its_budget(backends) -> None:
+    _, cached, _ = backends
+    store = cached._worker.prefix_cache
+    store.budget_bytes = 4 << 20  # a small budget, so that the soak really evicts
+    for turn in range(100):
+        first = [{"role": "user", "content": f"Question {turn}: what is {turn} plus {turn}?"}]
+        reply = await cached.complete(first, max_new_tokens=2)
+        await cached.complete([*first, {"role": "assistant", "content": reply.text + " so"}], max_new_tokens=1)
+        assert store.nbytes <= store.budget_bytes
+    assert 0 < len(store) < 100
+
+
+@real_model_test
+async def test_a_newcomer_joins_a_running_generation_instead_of_waiting_for_its_end(backends) -> None:
+    _, cached, _ = backends
+    long = asyncio.create_task(cached.complete(
+        [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], max_new_tokens=256))
+    while not cached._worker.prefix_cache.computed_tokens or not cached._worker._current:
+        await asyncio.sleep(0.05)  # until the long generation is under way
+    short = await cached.complete([{"role": "user", "content": "Say hi."}], max_new_tokens=4)
+    assert short.completion_tokens == 4
+    assert not long.done()  # answered while the long one still generates
+    story = await long
+    assert story.completion_tokens > 100 and story.text.strip()
