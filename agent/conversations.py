@@ -113,7 +113,14 @@ class ReactConversation:
 
     def add_final_request(self) -> None:
         self.answer_requested = True
-        self.trace += f"\n{REACT_STOP} {STEP_LIMIT_NOTE}\nThought: I now know the final answer\nFinal Answer:"
+        # The trace ends with the last Observation and an open "Thought:". The note joins that Observation, and
+        # the Thought is completed, so the model continues the format where its Final Answer goes.
+        opened = "\nThought:"
+        if self.trace.endswith(opened):
+            self.trace = self.trace[:-len(opened)] + f"\n({STEP_LIMIT_NOTE})"
+        else:  # no open Thought (no step was taken): the note is the observation
+            self.trace = f"{self.trace.rstrip()}\n{REACT_STOP} {STEP_LIMIT_NOTE}".lstrip()
+        self.trace += "\nThought: I now know the final answer\nFinal Answer:"
 
     def read_final(self, completion: Completion) -> str:
         lead, parts = segments(completion.text)

@@ -11,7 +11,7 @@ from telegram import Update
 from agent.options import REQUIRE_TOOL_CALL
 from bot.access import audit
 from bot.context import BotContext
-from bot.chat import reply, session_for
+from bot.chat import reply, reply_or_refuse, session_for
 from bot.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
 from tools.courses import FIELDS, FIELD_LABELS
 from tools.errors import CourseError, UnknownTool
@@ -30,17 +30,19 @@ USAGE = {
                      "course) must get a tool call before the answer, in this chat (or everywhere)"),
 }
 POLICY_VALUES = {"on": True, "off": False, "default": None}
+ADMINS_ONLY = "⛔ This command is for admins only."
 # Other names admins may use for a course field: the article's Chinese labels and short forms.
 FIELD_ALIASES = {**{label: name for name, label in FIELD_LABELS.items()}, "per_week": "updates_per_week",
                  "hours": "hours_per_update", "updates": "updates_per_week"}
 
 
 async def admin_only(update: Update, context: BotContext) -> bool:
-    """Whether the sender is an admin; refuses everyone else with a clear message."""
+    """Whether the sender is an admin; refuses everyone else with a clear message (once per interval, for a
+    sender without any access: see bot/chat.py's `refuse`)."""
     user = update.effective_user
     if user is not None and context.access.is_admin(user.id):
         return True
-    await reply(update.effective_message, "⛔ This command is for admins only.")
+    await reply_or_refuse(update, context, ADMINS_ONLY)
     return False
 
 

@@ -14,20 +14,23 @@ import asyncio
 import logging
 import secrets
 import signal
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 from urllib.parse import urlparse
 
 from telegram import BotCommand, BotCommandScopeChat
-from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, CommandHandler, ContextTypes, \
+from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, \
     MessageHandler, Updater, filters
 
 from agent.llm.base import LLM
 from bot import admin, handlers
 from bot.config import Settings
 from bot.context import SERVICES, TURNS, BotContext, runtime_data
-from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, consume_queue
+from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, consume_queue, \
+    journal_source
+from bot.ratelimit import BotRateLimiter
 from bot.replies import quietly
 from bot.services import Services, start_services
+from db import InstanceLock
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +59,6 @@ ADMIN_COMMANDS = [
     ("admins", "who has access"),
     ("stats", "[DAYS]: usage figures"),
 ]
-
-
-class BotRateLimiter(AIORateLimiter):
-    """AIORateLimiter, except for chat actions: "typing…" is not a message, so it neither waits for nor uses
-    up a group's 20-per-minute budget, which belongs to answers."""
-
-    async def process_request(self, callback: Any, args: Any, kwargs: dict[str, Any], endpoint: str,
-                              data: dict[str, Any], rate_limit_args: int | None) -> Any:
-        if endpoint == "sendChatAction":
-            return await callback(*args, **kwargs)
-        return await super().process_request(callback, args, kwargs, endpoint, data, rate_limit_args)
 
 
 def build_application(settings: Settings, *, llm: LLM | None = None,
@@ -154,25 +146,37 @@ async def register_commands(application: Application, settings: Settings) -> Non
 
 async def serve(application: Application, settings: Settings, stop: asyncio.Event, *,
                 poll_timeout: float = POLL_TIMEOUT_SECONDS) -> None:
-    """Run the bot until `stop` is set (or the intake fails for good, e.g. a rejected token), then shut down."""
-    await application.initialize()
+    """Run the bot until `stop` is set (or the intake fails for good, e.g. a rejected token), then shut down.
+
+    First the database's instance lock (db/instance_lock.py): one serving process per database, a second one
+    waits INSTANCE_LOCK_WAIT_SECONDS for it (a rolling restart) and then gives up with `DatabaseInUse`.
+    """
+    lock = InstanceLock(settings.database_path)
+    if not await lock.acquire(settings.instance_lock_wait_seconds, stop):
+        return  # stopped while waiting for the other process
     try:
-        await application.post_init(application)
-        await application.start()
+        await application.initialize()
         try:
-            await _take_updates(application, settings, stop, poll_timeout)
+            await application.post_init(application)
+            await application.start()
+            try:
+                await _take_updates(application, settings, stop, poll_timeout)
+            finally:
+                await application.stop()
         finally:
-            await application.stop()
+            await application.shutdown()
+            await application.post_shutdown(application)
     finally:
-        await application.shutdown()
-        await application.post_shutdown(application)
+        lock.release()  # after the database is closed: the next process finds everything written
 
 
 async def _take_updates(application: Application, settings: Settings, stop: asyncio.Event,
                         poll_timeout: float) -> None:
     services: Services = application.bot_data[SERVICES]
-    journal = UpdateJournal(services.db)
+    journal = UpdateJournal(services.db, journal_source(application.bot.id, settings))
     dispatcher = Dispatcher(application, journal, application.bot_data[TURNS])
+    await journal.claim_legacy()
+    await journal.report_foreign()
     await journal.prune()
     await dispatcher.replay()
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)

@@ -3,13 +3,19 @@ to answer it. Shared by the user handlers, the admin commands and the question p
 
 from __future__ import annotations
 
-from telegram import Message, Update
+import logging
+
+from telegram import Message, ReplyParameters, Update
+from telegram.error import TelegramError
 
 from agent.memory import Session
 from bot.access import GROUP_TYPES
 from bot.context import BotContext
 from bot.i18n import language, text
+from bot.ratelimit import SPARE_ONLY, NoSpareCapacity
 from bot.replies import send_text
+
+log = logging.getLogger(__name__)
 
 
 def session_for(message: Message) -> Session:
@@ -42,11 +48,50 @@ async def reply(message: Message, body: str) -> None:
                     thread_id=topic_of(message))
 
 
-async def allowed(update: Update, context: BotContext) -> bool:
-    """Whether the sender may use the bot here; tells them their id and how to get access when not."""
+async def may_talk(update: Update, context: BotContext) -> bool:
+    """Whether the sender may use the bot in this chat (asked anew each time: /deny takes effect at once)."""
     user, message = update.effective_user, update.effective_message
-    if await context.access.may_talk(user.id if user else None, message.chat_id, message.chat.type):
+    if not await context.access.may_talk(user.id if user else None, message.chat_id, message.chat.type):
+        return False
+    context.refusals.forget(user.id)  # should access be taken away again, that is worth one more refusal
+    return True
+
+
+async def allowed(update: Update, context: BotContext) -> bool:
+    """Whether the sender may use the bot here; a sender who may not is refused (see `refuse`)."""
+    if await may_talk(update, context):
         return True
-    if user is not None:
-        await reply(message, text("not_allowed", user_language(update), user_id=user.id))
+    await refuse(update, context)
     return False
+
+
+async def refuse(update: Update, context: BotContext, lead: str = "") -> None:
+    """Tell a sender without access their id and how to get access, after `lead` (e.g. the /start text).
+
+    Once per REFUSAL_INTERVAL_SECONDS per sender, and only with spare sending capacity (bot/ratelimit.py): a
+    stranger's flood costs one message, and never delays an answer. A message with no sender (a channel writing
+    in a group) has no id to give: it gets `lead` alone, if anything, under the same rule for its channel.
+    """
+    user, message = update.effective_user, update.effective_message
+    parts = [lead, text("not_allowed", user_language(update), user_id=user.id) if user else ""]
+    body = "\n\n".join(part for part in parts if part)
+    sender = user.id if user else (message.sender_chat or message.chat).id
+    if not body or not context.refusals.may_tell(sender):
+        return
+    try:
+        await message.get_bot().send_message(
+            message.chat_id, body, message_thread_id=topic_of(message), rate_limit_args=SPARE_ONLY,
+            reply_parameters=ReplyParameters(message.message_id, allow_sending_without_reply=True))
+    except NoSpareCapacity:
+        context.refusals.forget(sender)  # not told after all: their next message may be
+        log.info("no spare capacity to refuse sender %s in chat %s; skipped", sender, message.chat_id)
+    except TelegramError as error:
+        log.info("refusing sender %s failed: %s", sender, error)
+
+
+async def reply_or_refuse(update: Update, context: BotContext, body: str) -> None:
+    """Reply `body` to a sender with access; to one without, `body` goes with the refusal, once per interval."""
+    if await may_talk(update, context):
+        await reply(update.effective_message, body)
+    else:
+        await refuse(update, context, lead=body)

@@ -42,6 +42,7 @@ class Settings:
     telegram_group_messages_per_minute: float = 20.0
     database_path: Path = Path("data/bot.sqlite3")
     database_busy_timeout_seconds: float = 10.0
+    instance_lock_wait_seconds: float = 30.0
     llm_backend: str = "local"
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
     model_device_map: str = "auto"
@@ -61,6 +62,7 @@ class Settings:
     admin_user_ids: frozenset[int] = field(default_factory=frozenset)
     allowed_user_ids: frozenset[int] = field(default_factory=frozenset)
     allowed_chat_ids: frozenset[int] = field(default_factory=frozenset)
+    refusal_interval_seconds: float = 3600.0
     max_steps: int = AgentLimits.max_steps
     max_new_tokens: int = AgentLimits.max_new_tokens
     constrained_decoding: bool = AgentLimits.grammar is not None
@@ -74,6 +76,8 @@ class Settings:
     batch_size: int = 8
     batch_wait_ms: int = 20
     turn_timeout_seconds: float = AgentLimits.turn_timeout_seconds
+    max_pending_questions: int = 10
+    max_question_chars: int = 4096
     progress_after_seconds: float = 2.0
     typing_interval_seconds: float = 4.0
     shutdown_grace_seconds: float = 10.0
@@ -106,13 +110,17 @@ class Settings:
         if self.webhook_port > 65535:
             raise ConfigError(f"WEBHOOK_PORT must be at most 65535, got {self.webhook_port}")
         for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
-                     "observation_max_chars", "webhook_port", "thought_max_tokens", "tool_string_max_chars"):
+                     "observation_max_chars", "webhook_port", "max_pending_questions", "max_question_chars",
+                     "thought_max_tokens", "tool_string_max_chars"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_timeout_seconds",
                      "typing_interval_seconds"):
             _positive(name.upper(), getattr(self, name))
         if not self.scripted_delay_seconds >= 0:
             raise ConfigError(f"SCRIPTED_DELAY_SECONDS must be 0 or more, got {self.scripted_delay_seconds}")
+        for name in ("refusal_interval_seconds", "instance_lock_wait_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name.upper()} must be 0 or more, got {getattr(self, name)}")
         if self.prefix_cache_mb < 0:
             raise ConfigError(f"PREFIX_CACHE_MB must be 0 or more, got {self.prefix_cache_mb}")
         if self.batch_wait_ms < 0:

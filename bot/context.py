@@ -12,6 +12,7 @@ from telegram.ext import CallbackContext, ExtBot
 
 from bot.access import AccessControl
 from bot.config import Settings
+from bot.refusals import RefusalLog
 from bot.turns import TurnScheduler
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ SERVICES = "services"
 ACCESS = "access"
 TURNS = "turns"
 SETTINGS = "settings"
+REFUSALS = "refusals"
 
 
 class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
@@ -46,8 +48,13 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
         """Where each question waits for its turn."""
         return self.bot_data[TURNS]
 
+    @property
+    def refusals(self) -> RefusalLog:
+        """Who was refused lately (told once per REFUSAL_INTERVAL_SECONDS)."""
+        return self.bot_data[REFUSALS]
+
 
 def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
     """The `bot_data` entries `post_init` installs."""
     return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
-            TURNS: TurnScheduler()}
+            TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.refusal_interval_seconds)}

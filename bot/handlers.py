@@ -10,7 +10,7 @@ import logging
 from telegram import Update
 from telegram.error import Forbidden
 
-from bot.chat import allowed, is_group, reply, session_for, user_language
+from bot.chat import allowed, is_group, reply, reply_or_refuse, session_for, user_language
 from bot.context import BotContext
 from bot.i18n import text
 from bot.questions import addressed_question, answer_question
@@ -36,24 +36,19 @@ async def ask(update: Update, context: BotContext) -> None:
 
 async def non_text(update: Update, context: BotContext) -> None:
     """Stickers, photos, voice, files in a private chat: say that only text is read."""
-    await reply(update.effective_message, text("text_only", user_language(update)))
+    await reply_or_refuse(update, context, text("text_only", user_language(update)))
 
 
 # --- user commands ---------------------------------------------------------------------------------------------
 
 async def start(update: Update, context: BotContext) -> None:
     """/start: what the bot does, in the user's language (and how to get access, for strangers)."""
-    lang = user_language(update)
-    message, user = update.effective_message, update.effective_user
-    body = text("start", lang)
-    if user and not await context.access.may_talk(user.id, message.chat_id, message.chat.type):
-        body += "\n\n" + text("not_allowed", lang, user_id=user.id)
-    await reply(message, body)
+    await reply_or_refuse(update, context, text("start", user_language(update)))
 
 
 async def help_command(update: Update, context: BotContext) -> None:
-    """/help: how to ask, and the commands."""
-    await reply(update.effective_message, text("help", user_language(update)))
+    """/help: how to ask, and the commands (for a sender without access, with how to get it: see `refuse`)."""
+    await reply_or_refuse(update, context, text("help", user_language(update)))
 
 
 async def reset(update: Update, context: BotContext) -> None:

@@ -44,6 +44,15 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "⏳ 你的上一个问题还在处理中，这个问题会在它之后回答。",
         "en": "⏳ Your previous question is still being answered; this one comes next.",
     },
+    "too_many_pending": {
+        "zh": "⏳ 你已经有 {limit} 个问题在等待回答。在它们回答完之前，新的问题不会被接收，请稍后再问。",
+        "en": ("⏳ You already have {limit} questions waiting for an answer. New questions are not taken until "
+               "they are answered: please ask again then."),
+    },
+    "too_long": {
+        "zh": "你的问题太长了（{length} 个字符，上限是 {limit} 个）。请缩短后再问。",
+        "en": "Your question is too long ({length} characters; the limit is {limit}). Please shorten it and ask again.",
+    },
     "thinking": {
         "zh": "⏳ 正在思考…",
         "en": "⏳ Thinking…",

@@ -4,7 +4,9 @@ Telegram forgets an update once a `getUpdates` call passes an `offset` above its
 the `telegram_updates` journal *before* the next call confirms it, and marked handled when its handler ends.
 After a crash or a shutdown that interrupted turns, the unhandled updates are handled again on start-up; an
 update Telegram sends twice is recognised by its id (and a turn already stored is not stored twice: the agent's
-`source_key`). Webhook updates go through the same journal.
+`source_key`). Ids are unique only for one bot at one Bot API server, so each row carries its source (the bot id
+and TELEGRAM_BASE_URL): another server's ids starting again at 1 are new updates, and what is skipped is logged.
+Webhook updates go through the same journal.
 
 Each update is handled in its own task, started in update order, so handlers can take their place in line
 (bot/turns.py) in the order the updates came; other chats go on in parallel and `/help` never waits for a turn.
@@ -22,6 +24,7 @@ from telegram import Bot, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.ext import Application
 
+from bot.config import Settings
 from bot.replies import quietly, retry_after_seconds
 from bot.turns import TurnScheduler
 from db import Database
@@ -36,47 +39,109 @@ BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
 FINISH_BOUND_SECONDS = 10  # after cancelling, how long cancelled turns get to wind down
 
 
-class UpdateJournal:
-    """The `telegram_updates` table: what arrived, and what was handled."""
+def journal_source(bot_id: int, settings: Settings) -> str:
+    """Where update ids come from, and are unique: '<bot id>@<Bot API base URL>' (a token in the URL masked)."""
+    url, token = settings.telegram_base_url, settings.telegram_bot_token
+    return f"{bot_id}@{url.replace(token, '{token}') if token else url}"
 
-    def __init__(self, db: Database):
+
+def turn_source_key(source: str, update_id: int) -> str:
+    """The `source_key` of the turn an update asks for: a redelivered update is stored and asked once."""
+    return f"{_turn_key_prefix(source)}{update_id}"
+
+
+def _turn_key_prefix(source: str) -> str:
+    return f"tg:{source}:update:"
+
+
+LEGACY_TURN_KEY_PREFIX = "tg:update:"  # turns asked for before updates had a source (migration 0009)
+
+
+class UpdateJournal:
+    """The `telegram_updates` table: what arrived from `source` (one bot at one Bot API server), what was handled."""
+
+    def __init__(self, db: Database, source: str):
         self.db = db
+        self.source = source
 
     async def admit(self, updates: Sequence[Update]) -> list[Update]:
-        """Write the updates not seen before, in one transaction; return them, in order."""
+        """Write the updates not seen before, in one transaction; return them, in order. Those skipped are logged."""
         if not updates:
             return []
         ids = [update.update_id for update in updates]
         # Urgent, and a few statements per batch rather than one per update: the next batch (with any /help in it)
         # waits for this one, so it must not queue behind the writes of every turn a burst is finishing.
         async with self.db.transaction(urgent=True) as conn:
-            async with conn.execute("SELECT update_id FROM telegram_updates WHERE update_id BETWEEN ? AND ?",
-                                    (min(ids), max(ids))) as cursor:
-                seen = {row[0] for row in await cursor.fetchall()}
+            async with conn.execute("SELECT update_id, payload FROM telegram_updates "
+                                    "WHERE source = ? AND update_id BETWEEN ? AND ?",
+                                    (self.source, min(ids), max(ids))) as cursor:
+                seen = {row[0]: row[1] for row in await cursor.fetchall()}
             fresh = list({u.update_id: u for u in updates if u.update_id not in seen}.values())
-            await conn.executemany("INSERT OR IGNORE INTO telegram_updates (update_id, payload) VALUES (?, ?)",
-                                   [(update.update_id, update.to_json()) for update in fresh])
+            await conn.executemany(
+                "INSERT OR IGNORE INTO telegram_updates (source, update_id, payload) VALUES (?, ?, ?)",
+                [(self.source, update.update_id, update.to_json()) for update in fresh])
+        _log_skipped([u for u in updates if u.update_id in seen], seen)
         return fresh
 
     async def mark_handled(self, update_id: int) -> None:
         """Record that the update's handler ended."""
         async with self.db.transaction() as conn:
             await conn.execute(
-                "UPDATE telegram_updates SET handled_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE update_id = ?",
-                (update_id,))
+                "UPDATE telegram_updates SET handled_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+                "WHERE source = ? AND update_id = ?", (self.source, update_id))
 
     async def unhandled(self, bot: Bot) -> list[Update]:
         """Updates written but never handled (a crash, or turns stopped by shutdown), oldest first."""
         rows = await self.db.fetchall(
-            "SELECT payload FROM telegram_updates WHERE handled_at IS NULL ORDER BY update_id")
+            "SELECT payload FROM telegram_updates WHERE source = ? AND handled_at IS NULL ORDER BY update_id",
+            (self.source,))
         return [Update.de_json(json.loads(payload), bot) for (payload,) in rows]
 
+    async def claim_legacy(self) -> None:
+        """Take the rows journaled before updates had a source (migration 0009) as this source's, and the keys
+        of the turns they asked for with them."""
+        async with self.db.transaction() as conn:
+            claimed = (await conn.execute("UPDATE OR IGNORE telegram_updates SET source = ? WHERE source = ''",
+                                          (self.source,))).rowcount
+            await conn.execute("UPDATE OR IGNORE turns SET source_key = ? || substr(source_key, ?) "
+                               "WHERE source_key LIKE ? || '%'",
+                               (_turn_key_prefix(self.source), len(LEGACY_TURN_KEY_PREFIX) + 1,
+                                LEGACY_TURN_KEY_PREFIX))
+        if claimed:
+            log.info("%d journaled update(s) from before the journal had sources are taken as %s's", claimed,
+                     self.source)
+
+    async def report_foreign(self) -> None:
+        """Log updates another bot or Bot API server left unhandled: they are not handled here (their ids mean
+        other updates at this server, and their answers would go through the wrong bot)."""
+        rows = await self.db.fetchall("SELECT source, count(*) FROM telegram_updates "
+                                      "WHERE source != ? AND handled_at IS NULL GROUP BY source", (self.source,))
+        for source, count in rows:
+            log.warning("%d update(s) from %s were left unhandled; this run serves %s and skips them", count,
+                        source, self.source)
+
     async def prune(self, days: int = KEEP_HANDLED_DAYS) -> None:
-        """Forget handled updates older than `days`."""
+        """Forget updates older than `days` that were handled, or that another source left (never handled here)."""
         async with self.db.transaction() as conn:
             await conn.execute(
-                "DELETE FROM telegram_updates WHERE handled_at IS NOT NULL AND received_at < "
-                "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)", (f"-{days} days",))
+                "DELETE FROM telegram_updates WHERE (handled_at IS NOT NULL OR source NOT IN (?, '')) "
+                "AND received_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)", (self.source, f"-{days} days"))
+
+
+def _log_skipped(skipped: list[Update], journaled: dict[int, str]) -> None:
+    """Say what `admit` skipped: a redelivery (the same update again), or another update under a known id."""
+    for update in skipped:
+        if _identity(update.to_dict()) == _identity(json.loads(journaled[update.update_id])):
+            log.info("update %s is already in the journal (sent again); skipped", update.update_id)
+        else:
+            log.warning("update %s is not the update journaled under that id (did the Bot API server start its "
+                        "ids over?); skipped", update.update_id)
+
+
+def _identity(update: dict) -> tuple:
+    """What tells two updates apart besides their id: the message's chat, id and date."""
+    message = next((value for value in update.values() if isinstance(value, dict)), {})
+    return (message.get("chat", {}).get("id"), message.get("message_id"), message.get("date"))
 
 
 class Dispatcher:

@@ -15,9 +15,11 @@ from telegram.error import NetworkError, RetryAfter
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.memory import Session
-from bot.chat import allowed, is_group, reply, session_for, topic_of, user_language
+from bot.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
+from bot.config import Settings
 from bot.context import BotContext
 from bot.i18n import text
+from bot.intake import journal_source, turn_source_key
 from bot.replies import TurnFeedback, quietly
 from bot.turns import BY_SHUTDOWN, BY_USER, TurnSlot
 from db import DatabaseBusy
@@ -26,27 +28,69 @@ log = logging.getLogger(__name__)
 
 
 async def answer_question(update: Update, context: BotContext, question: str) -> None:
-    """Take the question's place in line, check access, wait for its turn, run it and reply."""
+    """Take the question's place in line, check access, wait for its turn, check access again, run it and reply.
+
+    Nobody waits behind a refusal or a usage message: a question leaves the line before anything is said about it.
+    """
     message, user = update.effective_message, update.effective_user
-    lang = user_language(update)
     if user is None:
         return
-    if is_blank(question):
-        await reply(message, text("ask_usage", lang))
+    turns = context.turns
+    if turns.pending(user.id) >= context.settings.max_pending_questions:
+        await turn_away(update, context)  # over the cap: dropped before it takes a place in line
         return
-    session = session_for(message)
     # The place in line is taken before the first await, so turns keep the order the updates came in.
-    slot = context.turns.reserve(session.id, user.id, update.update_id)
+    slot = turns.reserve(session_for(message).id, user.id, update.update_id)
     try:
-        if not await allowed(update, context):
+        if not await may_talk(update, context):
+            turns.release(slot)
+            await refuse(update, context)
             return
-        if slot.behind_own_turn:
-            await quietly(reply(message, text("queued", lang)), "the queued notice")
-        if await context.turns.wait_turn(slot):
-            prompt = f"{asker_name(user)}: {question}" if is_group(message) else question
-            await run_turn(context, message, session, prompt, slot, lang)
+        if (problem := question_problem(question, context.settings, user_language(update))) is not None:
+            turns.release(slot)
+            await reply(message, problem)
+            return
+        await take_turn(update, context, question, slot)
     finally:
+        turns.release(slot)
+
+
+async def take_turn(update: Update, context: BotContext, question: str, slot: TurnSlot) -> None:
+    """Wait for the slot's turn; run it if the sender still has access then (an admin may /deny meanwhile)."""
+    message, user, lang = update.effective_message, update.effective_user, user_language(update)
+    if slot.behind_own_turn and context.turns.tell_once(user.id, "queued"):
+        await quietly(reply(message, text("queued", lang)), "the queued notice")
+    if not await context.turns.wait_turn(slot):
+        return
+    if not await may_talk(update, context):
         context.turns.release(slot)
+        await refuse(update, context)
+        return
+    prompt = f"{asker_name(user)}: {question}" if is_group(message) else question
+    await run_turn(context, message, session_for(message), prompt, slot, lang)
+
+
+async def turn_away(update: Update, context: BotContext) -> None:
+    """A question over MAX_PENDING_QUESTIONS: the sender is told once per wait, and the question is dropped."""
+    user = update.effective_user
+    if not await may_talk(update, context):
+        await refuse(update, context)
+        return
+    log.debug("update %s: user %s has %d questions pending; dropped", update.update_id, user.id,
+             context.turns.pending(user.id))
+    if context.turns.pending(user.id) and context.turns.tell_once(user.id, "too_many"):
+        await quietly(reply(update.effective_message, text("too_many_pending", user_language(update),
+                                                           limit=context.settings.max_pending_questions)),
+                      "the too-many-questions notice")
+
+
+def question_problem(question: str, settings: Settings, lang: str) -> str | None:
+    """What is wrong with a question the bot will not ask the model (blank, too long); None when it is fine."""
+    if is_blank(question):
+        return text("ask_usage", lang)
+    if len(question) > settings.max_question_chars:
+        return text("too_long", lang, length=len(question), limit=settings.max_question_chars)
+    return None
 
 
 async def run_turn(context: BotContext, message: Message, session: Session, question: str, slot: TurnSlot,
@@ -81,7 +125,8 @@ async def deliver(context: BotContext, message: Message, answer: str, slot: Turn
 async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
                        feedback: TurnFeedback) -> str | None:
     """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
-    source_key = f"tg:update:{slot.update_id}" if slot.update_id is not None else None
+    source = journal_source(context.bot.id, context.settings)
+    source_key = turn_source_key(source, slot.update_id) if slot.update_id is not None else None
     if source_key and (stored := await context.services.memory.stored_answer(source_key)) is not None:
         return stored  # a redelivered update (restart): answer it again, do not store it twice
     try:

@@ -6,6 +6,9 @@ slots can wait on each other and there is no deadlock. Other chats and users go 
 
 Each slot carries the `CancelToken` its turn gives the model: `/cancel` and shutdown set it, and a slot cancelled
 while still waiting never runs.
+
+The scheduler also counts each user's pending slots (for MAX_PENDING_QUESTIONS) and remembers which notices a
+user was given while they wait ("your question is queued"), so each is given once per wait, not once per message.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class TurnSlot:
     cancelled_by: str | None = None
     running: bool = False
     answered: bool = False
+    released: bool = False
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     after_session: asyncio.Future | None = None
     after_user: asyncio.Future | None = None
@@ -59,6 +63,8 @@ class TurnScheduler:
         self._session_tail: dict[str, TurnSlot] = {}
         self._user_tail: dict[int, TurnSlot] = {}
         self._slots: set[TurnSlot] = set()
+        self._pending: dict[int, int] = {}  # user → slots waiting or running
+        self._told: dict[int, set[str]] = {}  # user → notices given during the current wait
         self.closing = False
         # Updates whose turn shutdown stopped before it answered, or whose answer Telegram never took: the journal
         # keeps them unhandled, to be handled again after a restart. Only this class writes or reads the set.
@@ -74,6 +80,7 @@ class TurnScheduler:
         self._session_tail[session_id] = slot
         self._user_tail[user_id] = slot
         self._slots.add(slot)
+        self._pending[user_id] = self._pending.get(user_id, 0) + 1
         if self.closing:
             slot.stop(BY_SHUTDOWN)
         return slot
@@ -88,8 +95,12 @@ class TurnScheduler:
         return slot.running
 
     def release(self, slot: TurnSlot) -> None:
-        """The slot's turn is over (answered, refused or cancelled): let the next ones go."""
+        """The slot's turn is over (answered, refused or cancelled): let the next ones go. Idempotent."""
+        if slot.released:
+            return
+        slot.released = True
         slot.running = False
+        self._count_out(slot.user_id)
         if slot.cancelled_by == BY_SHUTDOWN and not slot.answered:
             self.keep_for_restart(slot)
         if not slot.done.done():
@@ -100,6 +111,25 @@ class TurnScheduler:
             del self._session_tail[slot.session_id]
         if self._user_tail.get(slot.user_id) is slot:
             del self._user_tail[slot.user_id]
+
+    def _count_out(self, user_id: int) -> None:
+        left = self._pending.pop(user_id, 1) - 1
+        if left > 0:
+            self._pending[user_id] = left
+        else:
+            self._told.pop(user_id, None)  # the wait is over: the next one gets its notices again
+
+    def pending(self, user_id: int) -> int:
+        """How many of the user's questions wait or run."""
+        return self._pending.get(user_id, 0)
+
+    def tell_once(self, user_id: int, notice: str) -> bool:
+        """Whether `notice` is still to be given to the user in this wait (True once; call only while pending)."""
+        told = self._told.setdefault(user_id, set())
+        if notice in told:
+            return False
+        told.add(notice)
+        return True
 
     def keep_for_restart(self, slot: TurnSlot) -> None:
         """Leave the slot's update unhandled in the journal, to be handled again after a restart."""

@@ -1,8 +1,10 @@
-"""The database: one SQLite file (WAL), the process's write lock, and the migrations applied on open."""
+"""The database: one SQLite file (WAL), the process's write lock, the instance lock of the serving process, and
+the migrations applied on open."""
 
 from db.connection import Database, open_database
-from db.errors import BotError, DatabaseBusy, DatabaseError, DatabaseOpenError, MigrationError
+from db.errors import BotError, DatabaseBusy, DatabaseError, DatabaseInUse, DatabaseOpenError, MigrationError
+from db.instance_lock import InstanceLock
 from db.migrate import apply_migrations
 
-__all__ = ["BotError", "Database", "DatabaseBusy", "DatabaseError", "DatabaseOpenError", "MigrationError",
-           "apply_migrations", "open_database"]
+__all__ = ["BotError", "Database", "DatabaseBusy", "DatabaseError", "DatabaseInUse", "DatabaseOpenError",
+           "InstanceLock", "MigrationError", "apply_migrations", "open_database"]

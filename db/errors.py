@@ -10,8 +10,9 @@ and the Telegram handlers turn the ones a turn can meet into a short apology.
     ├── DatabaseError                the database cannot do what was asked (here)
     │   ├── DatabaseOpenError        the path is a folder, not SQLite, or not writable (also an OSError)
     │   ├── MigrationError           a migration file failed and was rolled back
-    │   └── DatabaseBusy             another process held the write lock past the busy timeout
-    │                                (also a sqlite3.OperationalError)
+    │   ├── DatabaseBusy             another process held the write lock past the busy timeout
+    │   │                            (also a sqlite3.OperationalError)
+    │   └── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
     ├── ToolError                    a tool refuses its input; the model reads it (tools/errors.py)
     │   ├── UnknownTool              no tool of that name (also a KeyError)
     │   ├── CalculationError
@@ -52,3 +53,7 @@ class DatabaseBusy(DatabaseError, sqlite3.OperationalError):
 def is_busy(error: sqlite3.Error) -> bool:
     """Whether SQLite gave up waiting for another connection's lock (the busy timeout ran out)."""
     return (getattr(error, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+class DatabaseInUse(DatabaseError):
+    """Another process holds the database's instance lock, and did not let go within the wait."""

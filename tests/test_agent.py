@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -12,7 +13,7 @@ from agent.llm.base import CancelToken
 from agent.llm.scripted import ScriptedLLM
 from agent.loop import Agent, AgentLimits
 from agent.memory import Memory, Session
-from agent.prompts import REACT_STOP
+from agent.prompts import REACT_STOP, STEP_LIMIT_NOTE
 from db import Database
 from tools.registry import Tool, ToolRegistry
 from tools.settings import ToolSettings
@@ -138,6 +139,20 @@ async def test_step_limit_asks_once_more_for_the_answer(db, registry):
     assert result.answer == "根据已知信息：没有找到。"
     assert len(llm.requests) == 4
     assert llm.requests[3].messages[-1]["content"].endswith("Final Answer:")
+
+
+async def test_the_forced_final_request_reads_like_the_format(db, registry):
+    lookups = [f'Thought: again\nAction: course_query\nAction Input: {{"course_name": "课程{i}"}}\nObservation:'
+               for i in range(2)]
+    agent, llm = make_agent(db, registry, [*lookups, " 没有找到。"], max_steps=2)
+    await agent.run(SESSION, "查课程")
+
+    trace = llm.requests[2].messages[-1]["content"]
+    # Each Thought says something, each Observation follows an Action: the note closes the last Observation.
+    assert not re.search(r"Thought:[ \t]*\n", trace), trace
+    assert trace.count("Observation:") == 2 and trace.count("Action:") == 2
+    last_observation = trace[trace.rindex("Observation:"):]
+    assert last_observation.endswith(f"\n({STEP_LIMIT_NOTE})\nThought: I now know the final answer\nFinal Answer:")
 
 
 async def test_step_limit_with_no_final_words_gives_an_honest_apology(db, registry):

@@ -20,7 +20,9 @@ from collections import Counter
 from contextlib import closing
 from pathlib import Path
 
+from bot.config import Settings
 from bot.i18n import TEXTS
+from bot.intake import journal_source, turn_source_key
 from tests.fakes.telegram_bot import ALICE, final, private_chat, start_bot, telegram_server
 from tests.fakes.telegram_server import FakeTelegramServer, User
 from tests.test_database_lock import hold_lock
@@ -62,14 +64,15 @@ MODEL_SECONDS = 0.6  # per model call: a turn is in flight long enough for the k
 class BotProcess:
     """`qwenbot run` as a child process, its logs in files (a pipe nobody reads could fill up and block it)."""
 
-    def __init__(self, server: FakeTelegramServer, folder: Path, answer_prefix: str):
+    def __init__(self, server: FakeTelegramServer, folder: Path, answer_prefix: str,
+                 settings: dict[str, str] | None = None):
         replies = folder / f"{answer_prefix}.json"
         replies.write_text(json.dumps([final(f"{answer_prefix} #{n}") for n in range(50)]), encoding="utf-8")
         env = {**os.environ, "TELEGRAM_BOT_TOKEN": server.token, "TELEGRAM_BASE_URL": server.base_url,
                "LLM_BACKEND": "scripted", "SCRIPTED_REPLIES_PATH": str(replies),
                "SCRIPTED_DELAY_SECONDS": str(MODEL_SECONDS), "DATABASE_PATH": str(folder / "bot.sqlite3"),
                "ALLOWED_USER_IDS": ",".join(str(user.id) for user in USERS), "SHUTDOWN_GRACE_SECONDS": "5",
-               "TOKENIZER_VOCAB_PATH": str(folder / "absent.tiktoken"), "PYTHONPATH": str(ROOT)}
+               "TOKENIZER_VOCAB_PATH": str(folder / "absent.tiktoken"), "PYTHONPATH": str(ROOT), **(settings or {})}
         self.log = folder / f"{answer_prefix}.log"
         with open(self.log, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=folder, env=env,
@@ -88,6 +91,12 @@ class BotProcess:
     def output(self) -> str:
         """Everything it logged."""
         return self.log.read_text(encoding="utf-8")
+
+
+def turn_key(server: FakeTelegramServer, update_id: int) -> str:
+    """The `source_key` a `qwenbot run` against `server` stores the turn of update `update_id` under."""
+    settings = Settings(telegram_bot_token=server.token, telegram_base_url=server.base_url)
+    return turn_source_key(journal_source(server.bot.id, settings), update_id)
 
 
 def answers_by_question(server: FakeTelegramServer) -> dict[int, list[str]]:
@@ -142,7 +151,7 @@ async def test_a_process_killed_mid_turn_restarts_cleanly_and_answers_every_ques
     answers = answers_by_question(telegram_server)
     for key, update_id in questions.items():
         texts = answers[key]
-        if update_id in handled or f"tg:update:{update_id}" not in stored:
+        if update_id in handled or turn_key(telegram_server, update_id) not in stored:
             assert len(texts) == 1, (key, texts)  # answered and recorded before the kill; or only after it
         else:
             # Stored before the kill, not yet recorded as handled: sent again from the store, never asked again.
@@ -153,7 +162,7 @@ async def test_a_process_killed_mid_turn_restarts_cleanly_and_answers_every_ques
         assert_intact(conn)
         assert_every_turn_whole_in_the_history(conn)
         keys = Counter(key for (key,) in conn.execute("SELECT source_key FROM turns"))
-        assert keys == Counter({f"tg:update:{update_id}": 1 for update_id in questions.values()})
+        assert keys == Counter({turn_key(telegram_server, update_id): 1 for update_id in questions.values()})
         assert conn.execute("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL").fetchone() == (0,)
         delivered = {(chat, texts[0]) for (chat, _), texts in answers.items()}
         stored_answers = set(conn.execute("SELECT sessions.chat_id, answer FROM turns JOIN sessions "

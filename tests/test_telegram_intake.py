@@ -100,7 +100,7 @@ async def test_webhook_mode_answers_updates_posted_with_the_secret_and_refuses_o
         accepted = await client.post(url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": "s3cret-token"})
         assert accepted.status_code == 200
     assert await bot.answers(ALICE.id, 1) == ["via webhook"]
-    assert await bot.query("SELECT source_key FROM turns") == [("tg:update:500",)]
+    assert await bot.query("SELECT source_key FROM turns") == [(bot.source_key(500),)]
 
 
 def run_cli(server: FakeTelegramServer, tmp_path: Path, token: str) -> subprocess.Popen:

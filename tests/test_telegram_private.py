@@ -21,7 +21,7 @@ async def test_article_question_gets_one_reply_with_200_and_trace_shows_the_look
     trace = await bot.ask(chat, ALICE, "/trace")
     assert "🔧 course_query" in trace and "大模型技术实战" in trace and "200" in trace and " ms)" in trace
     rows = await bot.query("SELECT session_id, user_id, source_key, status FROM turns")
-    assert rows == [(f"tg:{ALICE.id}", ALICE.id, "tg:update:1", "answered")]
+    assert rows == [(f"tg:{ALICE.id}", ALICE.id, bot.source_key(1), "answered")]
     history = await bot.query("SELECT role, content FROM messages ORDER BY id")
     assert history == [("user", ARTICLE_QUESTION), ("assistant", answers[0])]
 

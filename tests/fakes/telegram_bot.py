@@ -25,6 +25,7 @@ from telegram.ext import Application
 from agent.llm.scripted import Reply, ScriptedLLM
 from bot.app import build_application, serve
 from bot.config import Settings
+from bot.intake import journal_source, turn_source_key
 from db import Database, open_database
 from tests.fakes.telegram_server import Chat, FakeTelegramServer, User, group_chat, private_chat
 
@@ -99,6 +100,10 @@ class RunningBot:
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f"updates still unhandled: {left}")
             await asyncio.sleep(0.02)
+
+    def source_key(self, update_id: int) -> str:
+        """The `source_key` of the turn update `update_id` asks for (the journal's source: this bot at this server)."""
+        return turn_source_key(journal_source(self.server.bot.id, self.settings), update_id)
 
     @property
     def db(self) -> Database:
