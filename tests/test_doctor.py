@@ -59,7 +59,8 @@ async def good(tmp_path, telegram, model_server) -> Settings:
     settings = Settings(data_dir=tmp_path, telegram_bot_token=telegram.token, telegram_base_url=telegram.base_url,
                         llm_backend="openai", openai_base_url=model_server.base_url, openai_model="fake-qwen",
                         agent_mode="native", tokenizer_vocab_path=VOCAB, doctor_min_free_disk_mb=1,
-                        doctor_timeout_seconds=5.0, openai_timeout_seconds=5.0, openai_max_retries=0)
+                        doctor_timeout_seconds=5.0, openai_first_token_seconds=5.0, openai_startup_seconds=5.0,
+                        openai_max_retries=0)
     await (await open_database(settings.database_path)).close()
     return settings
 
