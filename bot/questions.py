@@ -11,7 +11,7 @@ import re
 import unicodedata
 
 from telegram import Message, MessageEntity, Update, User
-from telegram.error import NetworkError, RetryAfter
+from telegram.error import BadRequest, NetworkError, RetryAfter
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.events import AnswerText, EventSink, ToolStarted
@@ -144,6 +144,8 @@ async def deliver(context: BotContext, stream: AnswerStream, answer: str, slot: 
     """Send the answer; if Telegram refuses it for longer than SEND_PATIENCE_SECONDS, have it sent again."""
     try:
         await stream.finish(answer)
+    except BadRequest:
+        raise  # refused for good (PTB's BadRequest is a NetworkError): sending it again would fail again
     except (NetworkError, RetryAfter) as error:
         # The turn is stored already: its update stays unhandled in the journal and is handled again, answered
         # from the store, after ANSWER_RESEND_SECONDS (or after a restart): bot/intake.py. No apology: the answer

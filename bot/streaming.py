@@ -2,7 +2,8 @@
 
 In a private chat the growing answer is a draft (Bot API `sendMessageDraft`): Telegram animates it in place, and it
 leaves no trace until the real message is sent. Where there are no drafts (groups; a Bot API server without them;
-a chat that refuses one) the answer is one real message, sent with the first text and edited as it grows. Either
+a chat that refuses one) the answer is one real message, sent once the answer has been growing for `interval`
+(an answer done sooner is sent once, whole, never edited) and edited as it grows. Either
 way updates go out at most once per `interval` per chat (Telegram allows about one message per second in a chat,
 twenty per minute in a group; edits count), always the latest text, so a fast model skips states rather than
 queueing them; the bot's rate limiter stays in charge of every call underneath.
@@ -89,8 +90,9 @@ class AnswerStream:
         Raises what `send_chunk` raises when Telegram stays unreachable (the caller keeps the update for later).
         """
         await self._stop_updates()
-        await self._keep_pace()
         pieces = split_message(answer) or ["…"]
+        if any(index < len(self.messages) and self.shown[index] != piece for index, piece in enumerate(pieces)):
+            await self._keep_pace()
         for index, piece in enumerate(pieces):
             await self._deliver(index, piece)
         for extra in self.messages[len(pieces):]:
@@ -118,19 +120,26 @@ class AnswerStream:
     async def _run(self) -> None:
         while not self._closing.is_set():
             await self._changed.wait()
+            if not self.use_drafts and not self.messages:
+                # A message is sent only for an answer still being written `interval` after its first text: a
+                # quick answer goes out once, whole and formatted, with no edit to wait for.
+                await self._pause()
             self._changed.clear()
             if self._closing.is_set():
                 return
             await self._update(self._latest)
             self._last_update = asyncio.get_running_loop().time()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), self.interval)
+            await self._pause()
+
+    async def _pause(self) -> None:
+        """Wait `interval`, or less when the stream is closed meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), self.interval)
 
     async def _keep_pace(self) -> None:
-        """Wait until `interval` has passed since the last update, when the final answer edits what streamed (one
-        more edit in this chat). After drafts it goes at once: a draft is no message."""
-        if self.messages:
-            await asyncio.sleep(max(0.0, self._last_update + self.interval - asyncio.get_running_loop().time()))
+        """Wait until `interval` has passed since the last update, before the final answer edits what streamed
+        (one more edit in this chat). Drafts need no wait: a draft is no message."""
+        await asyncio.sleep(max(0.0, self._last_update + self.interval - asyncio.get_running_loop().time()))
 
     async def _stop_updates(self) -> None:
         """End the update task; an update in flight completes first, so no message is sent twice."""

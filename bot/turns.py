@@ -48,10 +48,12 @@ class TurnSlot:
 
     @property
     def behind_own_turn(self) -> bool:
-        """Whether the same user's previous question is still waiting or running, and not cancelled: right after
-        /cancel, the stopped turn may take a moment to wind down, but nothing is queued behind it."""
+        """Whether the same user's previous question is still waiting or running, not cancelled and not answered:
+        right after /cancel or its answer, the turn may take a moment to wind down, but nothing is queued behind
+        it (a user who asks again the moment the answer arrives is not told to wait)."""
         previous = self.own_previous
-        return previous is not None and not previous.done.done() and previous.cancelled_by is None
+        return (previous is not None and not previous.done.done() and previous.cancelled_by is None
+                and not previous.answered)
 
     def stop(self, reason: str) -> None:
         """Cancel the turn (its model call stops at the next step) or, if it waits, its future run."""

@@ -194,11 +194,11 @@ async def test_each_row_of_a_batch_streams_its_own_text_as_it_is_generated(llm: 
              dict(messages=FRUITS, max_new_tokens=12)]
     alone = [await llm.complete(**call) for call in calls]
     pieces: list[list[str]] = [[] for _ in calls]
-    before_answer: list[int] = []
+    before_answer: dict[int, int] = {}  # by row: rows end at different steps, each answered when its own ends
 
     async def streamed(index: int, call: dict) -> Completion:
         completion = await llm.complete(**call, on_text=pieces[index].append)
-        before_answer.append(len(pieces[index]))  # pieces that arrived before the call returned
+        before_answer[index] = len(pieces[index])  # pieces that arrived before the call returned
         return completion
 
     together = await asyncio.gather(*(streamed(i, call) for i, call in enumerate(calls)))
@@ -209,7 +209,7 @@ async def test_each_row_of_a_batch_streams_its_own_text_as_it_is_generated(llm: 
         # What streamed is the row's own text; it may run past the stop string ("Paris" here), never fall short.
         assert "".join(row_pieces).startswith(completion.text)
     assert "Paris" in "".join(pieces[0]) and alone[0].text == "The capital of France is "
-    assert all(count == len(row) for count, row in zip(before_answer, pieces))  # every piece before the answer
+    assert [before_answer[index] for index in range(len(calls))] == [len(row) for row in pieces]  # none after it
 
 
 @real_model_test

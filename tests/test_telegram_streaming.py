@@ -48,7 +48,7 @@ async def test_thought_and_action_text_never_reach_the_chat(start_bot, telegram_
 
 
 async def test_a_group_answer_is_one_message_edited_no_faster_than_the_throttle(start_bot, telegram_server):
-    bot = await start_bot([final(ANSWER)], **STREAMING)
+    bot = await start_bot([final(ANSWER)], **{**STREAMING, "token_seconds": 0.06})  # writing takes ~1 s
     telegram_server.send_text(TEAM, CAROL, "/ask how many lessons?")
     await bot.answers(TEAM.id, 1)
     await bot.turns_done()
@@ -63,6 +63,16 @@ async def test_a_group_answer_is_one_message_edited_no_faster_than_the_throttle(
     updates = [sent[0].at] + [call.at for call in edits]
     assert min(later - earlier for earlier, later in zip(updates, updates[1:])) >= 0.3 * 0.9  # the group's pace
     assert telegram_server.visible_messages(TEAM.id) == [ANSWER]
+
+
+async def test_a_group_answer_written_within_the_throttle_is_sent_once_whole_never_edited(start_bot, telegram_server):
+    bot = await start_bot([final(ANSWER)], **{**STREAMING, "group_stream_interval_seconds": 30})
+    telegram_server.send_text(TEAM, CAROL, "/ask how many lessons?")
+    await bot.answers(TEAM.id, 1)
+    await bot.turns_done()
+
+    assert telegram_server.sent_texts(TEAM.id) == [ANSWER]
+    assert not telegram_server.calls_to("editMessageText")  # no half answer was shown, so nothing waits to be edited
 
 
 async def test_a_draft_the_server_refuses_falls_back_to_editing_one_message(start_bot, telegram_server):
