@@ -141,12 +141,11 @@ async def test_a_dropped_connection_is_retried(server, llm):
 async def test_a_server_that_never_answers_times_out_with_a_clear_message(server):
     llm = make_llm(server, limits=limits(first_token=0.5), max_retries=3)
     server.add(HANG, HANG, HANG, HANG)
-    started = time.monotonic()
 
     with pytest.raises(LLMTimeout) as raised:
         await llm.complete([user("Question: ?")])
 
-    assert time.monotonic() - started < 1.5  # one limit for the first token, not one per retry
+    assert len(server.chat_requests) == 1  # one limit for the first token, not one per retry
     assert str(raised.value) == (f"model server at {server.base_url} sent no answer within 0.5 s "
                                  "(OPENAI_FIRST_TOKEN_SECONDS)")
     await llm.close()
@@ -210,12 +209,10 @@ async def test_cancelling_a_waiting_request_raises_cancelled_promptly(server, ll
     server.add(HANG)
     cancel = CancelToken()
     asyncio.get_running_loop().call_later(0.2, cancel.cancel)
-    started = time.monotonic()
 
-    with pytest.raises(LLMCancelled):
+    with pytest.raises(LLMCancelled):  # the server never answers: only the cancel can end the call
         await llm.complete([user("Question: ?")], cancel=cancel)
 
-    assert time.monotonic() - started < 1.0
     assert len(server.chat_requests) == 1
 
 
@@ -303,16 +300,15 @@ async def test_start_checks_the_model_list(server, llm):
 
 async def test_start_against_an_unreachable_server_fails_in_one_clear_line():
     url = f"http://127.0.0.1:{closed_port()}/v1"
-    llm = OpenAILLM(base_url=url, model="fake-qwen", startup_seconds=30)
-    started = time.monotonic()
+    llm = OpenAILLM(base_url=url, model="fake-qwen", startup_seconds=3600)
 
     with pytest.raises(LLMError) as raised:
-        await llm.start()
+        # Nothing listens: no waiting for it, whatever the start-up budget (an hour here, which would hang).
+        await asyncio.wait_for(llm.start(), 120)
 
     message = str(raised.value)
     assert message.startswith(f"cannot reach the model server at {url}: ") and message.endswith("(is it running?)")
     assert "\n" not in message
-    assert time.monotonic() - started < 3.0  # nothing listens: no waiting for it, whatever the start-up budget
     await llm.close()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 from jsonschema.exceptions import SchemaError
@@ -130,15 +129,13 @@ async def test_a_slow_tool_times_out_promptly_and_is_cancelled():
 
     async def slow() -> str:
         try:
-            await asyncio.sleep(30)
+            await asyncio.sleep(3600)
         finally:
             finished.append("cleaned up")
         return "too late"
 
     registry = ToolRegistry.of([tool("slow", slow)], timeout_seconds=0.2)
-    started = time.monotonic()
-    result = await registry.call("slow", {})
-    assert time.monotonic() - started < 2
+    result = await asyncio.wait_for(registry.call("slow", {}), 120)  # the tool alone would take an hour
     assert result.error == "timeout"
     assert result.output == "Error: slow did not finish within 0.2 seconds."
     assert finished == ["cleaned up"]

@@ -40,9 +40,7 @@ async def test_a_turn_stopped_by_shutdown_is_answered_after_the_restart(start_bo
     first = await start_bot([final("too slow")], delay=30)
     telegram_server.send_text(private_chat(ALICE), ALICE, "a long question")
     await telegram_server.wait_for(lambda: first.llm.requests, message="the model to start")
-    started = time.monotonic()
-    await first.stop()
-    assert time.monotonic() - started < 5  # grace 0.5 s, then the generation is cancelled
+    await first.stop()  # within stop()'s 15 s, not the model's 30: grace 0.5 s, then the generation is cancelled
     assert telegram_server.sent_texts(ALICE.id) == []
     assert await first.query("SELECT update_id FROM telegram_updates WHERE handled_at IS NULL") == [(1,)]
 
