@@ -138,6 +138,19 @@ async def test_outputs_with_the_cache_equal_outputs_without_it_and_the_prompt_is
 
 
 @real_model_test
+async def test_the_prefix_two_new_chats_share_is_computed_once_and_counted_once(backends) -> None:
+    _, cached, _ = backends
+    cached._worker.prefix_cache = store = PrefixCache(64 << 20)  # nothing known yet
+    questions = ("What is 2 + 2?", "What is 9 - 4?")
+    first, second = await asyncio.gather(*(cached.complete(react_turn(q), stop=STOP, max_new_tokens=4)
+                                           for q in questions))
+    assert store.computed_tokens + store.reused_tokens == first.prompt_tokens + second.prompt_tokens
+    low, high = sorted([first, second], key=lambda c: c.cached_tokens)
+    assert low.cached_tokens == 0  # one row computed the system prompt and tools...
+    assert high.cached_tokens > 0.8 * high.prompt_tokens  # ...and the other reused them, in its batch or after it
+
+
+@real_model_test
 async def test_a_hundred_turns_keep_the_cache_within_its_budget(backends) -> None:
     _, cached, _ = backends
     store = cached._worker.prefix_cache

@@ -209,13 +209,13 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
     longest = max(row.max_new_tokens - len(row.new_ids) for row in rows)
     config = _greedy_config(longest, min_new_tokens, eos, pad_id)
     with torch.inference_mode():
-        hits = reusable_prefixes(model, [row.context_ids for row in rows], store)
+        hits, fresh = reusable_prefixes(model, [row.context_ids for row in rows], store)
         layout = lay_out([row.context_ids for row in rows], [hit.length for hit in hits], pad_id, model.device)
         cache = batch_cache(model, hits, layout)
         # Pausing needs the store: a paused row resumes from the KV kept there.
         stops = RowStops(rows, layout.input_ids.shape[1], tokenizer, eos,
                          should_pause if store.budget_bytes else (lambda: False), on_finished)
-        _begin(rows, hits, store)
+        _begin(rows, hits, fresh, store)
         log.debug("batch of %d: reused %s prompt tokens, computed %d columns", len(rows), layout.reused,
                   layout.input_ids.shape[1] - layout.cached)
         output = model.generate(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
@@ -227,10 +227,15 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
         _store_rows(rows, layout, cache, store, steps=len(generated[0]) if generated else 0)
 
 
-def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixCache) -> list[Hit]:
+def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixCache) -> tuple[list[Hit], list[int]]:
     """For each row, the longest prefix whose KV is known; the prefix every row of the batch shares is computed
-    once here (from what the store knows of it) when that reaches further, so no row computes it again."""
+    once here (from what the store knows of it) when that reaches further, so no row computes it again.
+
+    Also returns, per row, how many tokens of its prefix were computed here rather than found in the store: the
+    shared prefix's new tokens count once, for the first row that takes it; the other rows did reuse them.
+    """
     hits = [store.longest(context) for context in contexts]
+    fresh = [0] * len(contexts)
     shared = shared_prefix_length(contexts)
     if shared and min(hit.length for hit in hits) < shared:
         base = max(hits, key=lambda hit: hit.length)
@@ -239,8 +244,9 @@ def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixCache)
         else:
             common = extend_prefix(model, contexts[0][:shared], base)
             store.put(contexts[0][:shared], common.layers())
+            fresh[next(i for i, hit in enumerate(hits) if hit.length < shared)] = shared - base.length
         hits = [hit if hit.length >= shared else common for hit in hits]
-    return hits
+    return hits, fresh
 
 
 def extend_prefix(model: Any, tokens: list[int], base: Hit) -> Hit:
@@ -273,11 +279,11 @@ def batch_cache(model: Any, hits: list[Hit], layout: BatchLayout) -> DynamicCach
     return DynamicCache(ddp_cache_data=layers, config=model.config)
 
 
-def _begin(rows: list[BatchRow], hits: list[Hit], store: PrefixCache) -> None:
-    for row, hit in zip(rows, hits):
+def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: PrefixCache) -> None:
+    for row, hit, computed_here in zip(rows, hits, fresh):
         if not row.new_ids:  # a row's first batch: count what its prompt reused
-            row.reused_tokens = hit.length
-            store.count(hit.length, len(row.prompt_ids) - hit.length)
+            row.reused_tokens = hit.length - computed_here
+            store.count(row.reused_tokens, len(row.prompt_ids) - row.reused_tokens)
         row._before, row._ended_after = len(row.new_ids), None
 
 
