@@ -25,6 +25,7 @@ from bot.config import ConfigError, Settings
 from bot.logs import configure_logging
 from bot.paths import dotenv_file
 from db.files import make_private_folders
+from db.instance_lock import lock_path, serving_pid
 from db.migrate import MIGRATIONS_FOLDER, discover
 from tools.calculator import CALCULATOR
 
@@ -115,6 +116,21 @@ def check_database(settings: Settings) -> Check:
         return fail("database", f"{path} has migrations this code does not know ({', '.join(unknown)})",
                     "update the code (git pull) or point DATABASE_PATH at this version's database")
     return ok("database", f"{path} (migrated, {len(shipped)} migrations; writable)")
+
+
+def check_instance(settings: Settings) -> Check:
+    """No other qwenbot serves the database: `qwenbot run` would wait for it to stop, then give up."""
+    try:
+        pid = serving_pid(settings.database_path)
+    except OSError as error:
+        return fail("instance", f"cannot read {lock_path(settings.database_path)}: {error.strerror or error}",
+                    "let this user read the lock file beside the database (owner, permissions)")
+    if pid is None:
+        return ok("instance", "no qwenbot serves this database now")
+    return fail("instance", f"another qwenbot (pid {pid}) serves {settings.database_path}",
+                f"stop it before starting another: `qwenbot run` waits INSTANCE_LOCK_WAIT_SECONDS="
+                f"{settings.instance_lock_wait_seconds:g} for it, then gives up (a doctor run beside a live bot "
+                "may ignore this line)")
 
 
 def applied_migrations(path: Path) -> set[str]:
@@ -292,7 +308,7 @@ async def server_call(name: str, llm: Any, tools: list[dict[str, Any]] | None) -
 # --- running ---------------------------------------------------------------------------------------------------
 
 CHECKS: list[Callable[[Settings], Check | list[Check] | Awaitable[Check | list[Check]]]] = [
-    check_settings, check_data_dir, check_disk, check_database, check_vocabulary, check_telegram, check_model,
+    check_settings, check_data_dir, check_disk, check_database, check_instance, check_vocabulary, check_telegram, check_model,
 ]
 
 

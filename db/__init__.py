@@ -4,8 +4,8 @@ the migrations applied on open."""
 from db.connection import Database, open_database
 from db.errors import (BotError, DatabaseBusy, DatabaseError, DatabaseGone, DatabaseInUse, DatabaseOpenError,
                        MigrationError)
-from db.instance_lock import InstanceLock
+from db.instance_lock import InstanceLock, serving_pid
 from db.migrate import apply_migrations
 
 __all__ = ["BotError", "Database", "DatabaseBusy", "DatabaseError", "DatabaseGone", "DatabaseInUse",
-           "DatabaseOpenError", "InstanceLock", "MigrationError", "apply_migrations", "open_database"]
+           "DatabaseOpenError", "InstanceLock", "MigrationError", "apply_migrations", "open_database", "serving_pid"]

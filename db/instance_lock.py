@@ -90,3 +90,22 @@ class InstanceLock:
                 return True
         raise DatabaseInUse(f"another qwenbot run (pid {self.holder()}) is serving the database "
                             f"{self.database_path}; waited {wait_seconds:g} s for it to stop")
+
+
+def serving_pid(database_path: Path) -> str | None:
+    """The pid of the process serving the database now (as its lock file says), or None when none does.
+
+    Changes nothing: the lock file, when there is one, is opened read-only and its lock tried and let go at once.
+    """
+    path = lock_path(Path(database_path))
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return InstanceLock(database_path).holder()
+    finally:
+        os.close(fd)  # closing lets a lock taken here go
+    return None

@@ -19,7 +19,7 @@ import pytest
 
 from bot.config import Settings
 from bot.doctor import Status, diagnose, report
-from db import open_database
+from db import InstanceLock, open_database
 from tests.fakes.openai_server import FakeOpenAIServer, error, text
 from tests.fakes.telegram_server import FakeTelegramServer
 
@@ -86,8 +86,8 @@ def only_failure(checks, name: str, *, skipped: tuple[str, ...] = ()) -> str:
 
 async def test_all_good_prints_a_line_per_check_and_exits_0(good, telegram, model_server, capsys):
     checks = await diagnose(good)
-    assert [c.name for c in checks] == ["settings", "data dir", "disk", "database", "vocab", "bot api", "token",
-                                        "model", "chat", "tools"]
+    assert [c.name for c in checks] == ["settings", "data dir", "disk", "database", "instance", "vocab", "bot api",
+                                        "token", "model", "chat", "tools"]
     assert all(c.status is Status.OK for c in checks)
     assert line_of(checks, "token") == "ok    token      accepted: @qwen_test_bot (id 777000)"
     assert telegram.calls_to("getMe")
@@ -135,6 +135,18 @@ async def test_a_database_locked_by_another_process_fails(good):
         holder.execute("ROLLBACK")
         holder.close()
     assert "locked" in line and "is another qwenbot running?" in line
+
+
+async def test_a_database_another_qwenbot_serves_fails_with_its_pid(good):
+    serving = InstanceLock(good.database_path)
+    assert serving.try_acquire()  # what `qwenbot run` holds while it serves
+    try:
+        line = only_failure(await diagnose(good), "instance")
+    finally:
+        serving.release()
+    assert f"another qwenbot (pid {os.getpid()}) serves {good.database_path}" in line
+    assert "INSTANCE_LOCK_WAIT_SECONDS" in line
+    assert outcome(await diagnose(good))["instance"] is Status.OK  # let go: free again
 
 
 async def test_a_file_that_is_not_a_database_fails(good):
@@ -249,7 +261,7 @@ def test_the_command_exits_0_when_all_is_good_and_1_when_not(good, telegram, mod
            "TOKENIZER_VOCAB_PATH": str(VOCAB), "DOCTOR_MIN_FREE_DISK_MB": "1"}
     passed = qwenbot_doctor(tmp_path, **env)
     assert passed.returncode == 0, passed.stdout + passed.stderr
-    assert len(passed.stdout.splitlines()) == 10 and passed.stderr == ""
+    assert len(passed.stdout.splitlines()) == 11 and passed.stderr == ""
 
     failed = qwenbot_doctor(tmp_path, **{**env, "TELEGRAM_BOT_TOKEN": "123456:wrong-token"})
     assert failed.returncode == 1
