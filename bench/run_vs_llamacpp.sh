@@ -89,14 +89,16 @@ wait_ready() {
 
 echo "starting llama-cpp-python's server on :$PY_PORT and llama-server on :$CPP_PORT (logs in $LOGS)" >&2
 start_ns=$(date +%s%N)
+# --interrupt_requests False: by default a new request ends the one being answered (mid-stream, unfinished)
+# instead of waiting for it; a bot with two chats at once needs the requests queued.
 nice -n "$NICE" "$LLAMA_PY" -m llama_cpp.server --model "$MODEL" --n_ctx 4096 --model_alias smol \
-    --n_threads "$THREADS" --host 127.0.0.1 --port "$PY_PORT" >"$LOGS/llama-cpp-python.log" 2>&1 &
+    --n_threads "$THREADS" --interrupt_requests False --host 127.0.0.1 --port "$PY_PORT" >"$LOGS/llama-cpp-python.log" 2>&1 &
 PY_PID=$!
 PIDS+=("$PY_PID")
 wait_ready llama-cpp-python "$PY_PID" "http://127.0.0.1:$PY_PORT/v1/models"
 py_start=$(( ($(date +%s%N) - start_ns) / 1000000 ))
 start_ns=$(date +%s%N)
-nice -n "$NICE" "$LLAMA_SERVER" -m "$MODEL" -c 16384 --parallel 8 -t "$THREADS" \
+nice -n "$NICE" "$LLAMA_SERVER" -m "$MODEL" -c 16384 --parallel 8 -t "$THREADS" --alias smol \
     --host 127.0.0.1 --port "$CPP_PORT" >"$LOGS/llama-server.log" 2>&1 &
 CPP_PID=$!
 PIDS+=("$CPP_PID")

@@ -234,8 +234,9 @@ class OpenAILLM(LLM):
 
     def _completion(self, reply: StreamedReply, sent: list[Message], stop: Sequence[str]) -> Completion:
         if reply.finish_reason is None:
-            # llama.cpp's Python server ends a stream this way when a newer request interrupts it.
-            raise LLMError(f"model server at {self.url} ended the answer before it was finished")
+            # llama.cpp's Python server ends a stream this way when a newer request interrupts it (its default).
+            raise LLMError(f"model server at {self.url} ended the answer before it was finished (llama-cpp-python's "
+                           "server does so when another request arrives: start it with --interrupt_requests False)")
         # Servers trim at `stop` themselves; trimming again covers those that ignore some stop strings.
         # A JSON `\\ud800` escape from the server decodes to a lone surrogate, which nothing downstream can encode.
         text, stopped = trim_at_stop(clean_text(reply.text), stop)
