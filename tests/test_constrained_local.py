@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import pytest_asyncio
@@ -55,31 +58,38 @@ async def tools(tmp_path_factory):
     await db.close()
 
 
-async def in_one_batch(llm: LocalLLM, *calls: dict) -> list:
-    """Run `calls` (keyword arguments of `complete`) as one batch, and check that they were.
-
-    A short request keeps the model thread busy first; everything submitted meanwhile is taken as the next batch,
-    which the worker logs with its size.
-    """
-    seen: list[str] = []
+@contextmanager
+def batch_sizes() -> Iterator[list[int]]:
+    """The size of every batch the model thread runs meanwhile (the worker logs each one)."""
+    sizes: list[int] = []
 
     class Watcher(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record.getMessage())
+            if (found := re.match(r"generating a batch of (\d+) ", record.getMessage())) is not None:
+                sizes.append(int(found.group(1)))
 
     worker_log, watcher = logging.getLogger("agent.llm.worker"), Watcher()
     level = worker_log.level
     worker_log.addHandler(watcher)
     worker_log.setLevel(logging.DEBUG)
     try:
+        yield sizes
+    finally:
+        worker_log.removeHandler(watcher)
+        worker_log.setLevel(level)
+
+
+async def in_one_batch(llm: LocalLLM, *calls: dict) -> list:
+    """Run `calls` (keyword arguments of `complete`) as one batch, and check that they were.
+
+    A short request keeps the model thread busy first; everything submitted meanwhile is taken as the next batch.
+    """
+    with batch_sizes() as sizes:
         busy = asyncio.create_task(llm.complete(FRANCE, max_new_tokens=2))
         await asyncio.sleep(0.05)
         results = await asyncio.gather(*(llm.complete(**call) for call in calls))
         await busy
-    finally:
-        worker_log.removeHandler(watcher)
-        worker_log.setLevel(level)
-    assert any(f"generating a batch of {len(calls)} " in line for line in seen), seen
+    assert len(calls) in sizes, sizes
     return results
 
 
@@ -123,3 +133,33 @@ async def test_a_grammar_that_does_not_compile_fails_only_its_own_call(llm):
                                    llm.complete(FRANCE, max_new_tokens=4), return_exceptions=True)
     assert isinstance(results[0], LLMError) and "grammar does not compile" in str(results[0])
     assert results[1].text.startswith("The capital")
+
+
+@real_model_test
+async def test_a_constrained_row_paused_for_a_newcomer_resumes_its_grammar_streams_and_ends_as_alone(llm, tools):
+    """The matcher belongs to the row, not the batch: paused mid-step so that a newcomer can join, the row resumes
+    in the next batch from its KV in the prefix cache, its grammar where it left it; its text streams throughout,
+    and the step is the one it writes alone without any cache."""
+    request = ReactConversation([], QUESTION, tools, TurnRules(GrammarLimits(thought_max_tokens=16))).request()
+    call = dict(messages=request.messages, stop=request.stop, max_new_tokens=64, grammar=request.grammar)
+    alone = await llm.complete(**call)
+    cached = LocalLLM(str(GGUF), device_map="cpu", batch_size=8, prefix_cache_mb=64)
+    await cached.start()
+    pieces: list[str] = []
+    newcomer: list[asyncio.Future] = []
+
+    def listen(piece: str) -> None:
+        pieces.append(piece)
+        if len(pieces) == 2:  # under way: a newcomer arrives, and the batch pauses for it to join
+            newcomer.append(asyncio.ensure_future(cached.complete(FRANCE, max_new_tokens=4)))
+
+    try:
+        with batch_sizes() as sizes:
+            step = await cached.complete(**call, on_text=listen)
+            await newcomer[0]
+    finally:
+        await cached.close()
+
+    assert sizes == [1, 2]  # alone, then resumed beside the newcomer
+    assert step.text == alone.text and isinstance(parse_react(step.text, tools), ToolRequest), step.text
+    assert "".join(pieces) == step.text

@@ -410,7 +410,7 @@ async def test_the_grammar_goes_in_the_field_each_server_takes(server, style, fi
 async def test_without_openai_grammar_no_grammar_is_sent(server, llm):
     server.add("Thought: ok")
     await llm.complete([user("Question: ?")], grammar=STEP)
-    assert set(server.chat_requests[0].body) == {"model", "messages", "max_tokens"}
+    assert set(server.chat_requests[0].body) == {"model", "messages", "max_tokens", "stream", "stream_options"}
 
 
 async def test_a_server_that_refuses_the_grammar_gets_the_request_again_without_it_and_none_after(server, caplog):
