@@ -12,9 +12,10 @@ APOLOGIES: dict[str, dict[str, str]] = {
         "zh": "抱歉，我在允许的步骤内没能得出答案。请换个说法或把问题拆小一点再问。",
         "en": "Sorry, I could not reach an answer within my step limit. Try rephrasing or splitting the question.",
     },
-    "format": {
-        "zh": "抱歉，我这次没能整理出答案。请再问一次。",
-        "en": "Sorry, I could not put an answer together this time. Please ask again.",
+    "format": {  # the model's raw text is never the answer: /trace shows it, and why it was not used
+        "zh": "抱歉，我这次没能整理出答案（发送 /trace 可查看原因）。请换个说法再问一次。",
+        "en": "Sorry, I could not put an answer together this time (send /trace to see why). "
+              "Please ask again, perhaps in other words.",
     },
     "error": {
         "zh": "抱歉，模型暂时无法回答，请稍后再试。",

@@ -2,13 +2,18 @@
 
 ReAct keeps the whole trace inside one assistant message that the backend continues (`Observation: …` then
 `Thought:`); native mode appends `tool` messages after the assistant's tool calls, as the chat template expects.
+Each request also carries the grammar of the reply it expects (agent/grammar.py), when the turn is constrained:
+the conversation knows where the trace stands (a fresh step, one after `Thought:`, the answer after
+`Final Answer:`), and whether a tool call is still required before the answer.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+from agent.grammar import Grammar, GrammarLimits, native_grammar, react_final_grammar, react_step_grammar
 from agent.llm.base import Completion, Message
 from agent.native import native_answer_so_far, parse_native, strip_thinking
 from agent.prompts import REACT_STOP, STEP_LIMIT_NOTE, SYSTEM_MESSAGE, react_prompt
@@ -16,13 +21,35 @@ from agent.react import final_answer_so_far, parse_react, plain_answer_so_far, s
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
 from tools.registry import Tool
 
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What the next model call gets."""
+
+    messages: list[Message]
+    stop: tuple[str, ...] = ()
+    tools: list[dict[str, Any]] | None = None  # OpenAI-style specs (native mode)
+    grammar: Grammar | None = None  # what the reply must look like; None: unconstrained
+
+
+@dataclass(frozen=True)
+class TurnRules:
+    """How a turn is decoded: under a grammar (with these limits) or not, and which tools, if any, it must call
+    one of before its final answer (the first-step policy: the tools whose subject the question names)."""
+
+    grammar: GrammarLimits | None = None
+    required_tools: tuple[str, ...] = ()
+
+
 class Conversation(Protocol):
     """One turn's exchange with the model, in one mode."""
 
     mode: str
+    tool_required: bool  # a tool call must come before the final answer (cleared by the first call)
+    first_tools: list[Tool]  # the tools that call may use
 
-    def request(self) -> tuple[list[Message], tuple[str, ...], list[dict[str, Any]] | None]:
-        """(messages, stop strings, tool specs) for the next model call."""
+    def request(self) -> ModelRequest:
+        """What the next model call gets."""
 
     def read(self, completion: Completion) -> list[ToolRequest] | Decision:
         """What the reply asks for."""
@@ -48,17 +75,30 @@ class ReactConversation:
 
     mode = "react"
 
-    def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool]):
+    def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool],
+                 rules: TurnRules = TurnRules()):
         self.tools = list(tools)
+        self.limits = rules.grammar if self.tools else None
+        self.first_tools = [tool for tool in self.tools if tool.name in rules.required_tools]
+        self.tool_required = bool(self.first_tools)
         prompt = react_prompt(self.tools, question) if self.tools else question
         self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
                                         {"role": "user", "content": prompt}]
         self.trace = ""  # the assistant's text so far; the backend continues it
         self.answer_requested = False  # the step limit is reached: the next reply is the answer
 
-    def request(self) -> tuple[list[Message], tuple[str, ...], None]:
+    def request(self) -> ModelRequest:
         continuing = [{"role": "assistant", "content": self.trace}] if self.trace else []
-        return self.messages + continuing, ((REACT_STOP,) if self.tools else ()), None
+        return ModelRequest(self.messages + continuing, (REACT_STOP,) if self.tools else (), None, self._grammar())
+
+    def _grammar(self) -> Grammar | None:
+        if self.limits is None:
+            return None
+        if self.answer_requested:
+            return react_final_grammar()
+        tools = self.first_tools if self.tool_required else self.tools
+        return react_step_grammar(tools, continuing=bool(self.trace), tool_required=self.tool_required,
+                                  limits=self.limits)
 
     def read(self, completion: Completion) -> list[ToolRequest] | Decision:
         if not self.tools:
@@ -68,6 +108,7 @@ class ReactConversation:
 
     def add_results(self, completion: Completion, results: Sequence[tuple[ToolRequest, str]]) -> None:
         request, observation = results[0]
+        self.tool_required = False
         self.trace += f"{request.trace_text}\n{REACT_STOP} {observation}\nThought:"
 
     def add_reminder(self, completion: Completion, reminder: str) -> None:
@@ -99,20 +140,29 @@ class NativeConversation:
 
     mode = "native"
 
-    def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool]):
+    def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool],
+                 rules: TurnRules = TurnRules()):
         self.tools = list(tools)
         self.offer_tools = bool(self.tools)
+        self.limits = rules.grammar
+        self.first_tools = [tool for tool in self.tools if tool.name in rules.required_tools]
+        self.tool_required = bool(self.first_tools)
         self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
                                         {"role": "user", "content": question}]
 
-    def request(self) -> tuple[list[Message], tuple[str, ...], list[dict[str, Any]] | None]:
+    def request(self) -> ModelRequest:
         specs = [tool.openai_spec() for tool in self.tools] if self.offer_tools else None
-        return list(self.messages), (), specs
+        grammar = None
+        if specs and self.limits is not None:
+            tools = self.first_tools if self.tool_required else self.tools
+            grammar = native_grammar(tools, tool_required=self.tool_required, limits=self.limits)
+        return ModelRequest(list(self.messages), (), specs, grammar)
 
     def read(self, completion: Completion) -> list[ToolRequest] | Decision:
         return parse_native(completion, self.tools)
 
     def add_results(self, completion: Completion, results: Sequence[tuple[ToolRequest, str]]) -> None:
+        self.tool_required = False
         text, _ = strip_thinking(completion.text)
         content = text.split("<tool_call>")[0].strip()
         calls = [{"id": r.call_id or f"call_{i}", "type": "function",
@@ -145,10 +195,11 @@ def _plain_answer(text: str) -> Decision:
     return FinalAnswer("", answer) if answer else FormatProblem("the reply is empty")
 
 
-def start_conversation(mode: str, history: Sequence[Message], question: str, tools: Sequence[Tool]) -> Conversation:
+def start_conversation(mode: str, history: Sequence[Message], question: str, tools: Sequence[Tool],
+                       rules: TurnRules = TurnRules()) -> Conversation:
     """The conversation for `mode` ('react' or 'native')."""
     kind = NativeConversation if mode == "native" else ReactConversation
-    return kind(history, question, tools)
+    return kind(history, question, tools, rules)
 
 
 def arguments_key(tool: str, arguments: Any) -> str:

@@ -15,16 +15,18 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from agent.conversations import Conversation, arguments_key, start_conversation
+from agent.conversations import Conversation, TurnRules, arguments_key, start_conversation
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.events import AnswerText, EventSink, ModelCall, ToolFinished, ToolStarted, TurnEvent
+from agent.grammar import GrammarLimits
 from agent.llm.base import LLM, CancelToken, Completion, TextSink
 from agent.memory import Memory, Session, TurnRecord, utc_now
 from agent.apologies import apology, language_of
-from agent.prompts import REPEATED_CALL_NOTE, format_reminder
+from agent.options import ChatOptions
+from agent.prompts import REPEATED_CALL_NOTE, TOOL_FIRST_PROBLEM, format_reminder, tool_first_reminder
 from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
 from agent.unicode import clean_text
-from tools.registry import Tool, ToolRegistry
+from tools.registry import Tool, ToolRegistry, tools_for_turn
 from tools.settings import ToolSettings
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,11 @@ class AgentLimits:
     observation_max_chars: int = 2000
     turn_timeout_seconds: float = 180.0
     mode: str = "react"
+    # Decode every step under the grammar of the enabled tools (None: unconstrained).
+    grammar: GrammarLimits | None = GrammarLimits()
+    # The default of the first-step policy: a question naming a tool's subject must get a tool call before the
+    # final answer. A chat's own setting (agent/options.py) wins.
+    require_tool_call: bool = False
 
 
 @dataclass
@@ -93,12 +100,13 @@ class Agent:
     """Answers questions with a model and tools, remembering each session's turns."""
 
     def __init__(self, llm: LLM, registry: ToolRegistry, tool_settings: ToolSettings, memory: Memory,
-                 limits: AgentLimits = AgentLimits()):
+                 limits: AgentLimits = AgentLimits(), options: ChatOptions | None = None):
         self.llm = llm
         self.registry = registry
         self.tool_settings = tool_settings
         self.memory = memory
         self.limits = limits
+        self.options = options
 
     async def run(self, session: Session, question: str, *, user_id: int | None = None,
                   source_key: str | None = None, on_event: EventSink | None = None,
@@ -109,10 +117,11 @@ class Agent:
         """
         started, started_at = time.perf_counter(), utc_now()
         question = clean_text(question)  # e.g. undecodable bytes of a command line: SQLite could not store them
-        tools = await self.tool_settings.enabled_tools(session.chat_key)
+        tools = await tools_for_turn(await self.tool_settings.enabled_tools(session.chat_key))
         state = TurnState(tools, cancel or CancelToken(), on_event, session, user_id)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
-        conversation = start_conversation(self.limits.mode, history, question, state.tools)
+        rules = TurnRules(self.limits.grammar, await self._tools_required(session, question, tools))
+        conversation = start_conversation(self.limits.mode, history, question, state.tools, rules)
         # The record's result is a placeholder until the turn ends, one way or the other.
         record = TurnRecord(question, state.result("", TurnStatus.ERROR, started), started_at, self.limits.mode,
                             user_id, source_key)
@@ -123,6 +132,14 @@ class Agent:
             raise
         turn_id = await self.memory.save_turn(session, replace(record, result=result))
         return replace(result, turn_id=turn_id)
+
+    async def _tools_required(self, session: Session, question: str, tools: list[Tool]) -> tuple[str, ...]:
+        """The first-step policy: the tools one of which this question must call before its final answer (those
+        whose subject it names), or none."""
+        required = self.limits.require_tool_call
+        if self.options is not None:
+            required = await self.options.require_tool_call(session.chat_key, required)
+        return tuple(tool.name for tool in tools if tool.named_in(question)) if required else ()
 
     async def _run_bounded(self, conversation: Conversation, state: TurnState, question: str,
                            started: float) -> TurnResult:
@@ -137,6 +154,8 @@ class Agent:
         while state.model_calls < self.limits.max_steps:
             completion = await self._complete(conversation, state)
             decision = conversation.read(completion)
+            if isinstance(decision, FinalAnswer) and conversation.tool_required:
+                decision = FormatProblem(TOOL_FIRST_PROBLEM)
             if not isinstance(decision, FinalAnswer):
                 state.show_answer("")  # text that looked like an answer while it streamed was not one
             if isinstance(decision, FinalAnswer):
@@ -152,12 +171,20 @@ class Agent:
 
     def _on_format_problem(self, conversation: Conversation, state: TurnState, completion: Completion,
                            problem: FormatProblem, question: str) -> str | None:
-        """Remind the model of the format once; the second time, end the turn (return its answer)."""
+        """Remind the model of the format once; the second time, end the turn with an apology.
+
+        Never the reply itself: a reply that fits no format is rambling, not an answer, even when it reads like one.
+        """
         state.format_problems += 1
-        state.record(StepKind.FORMAT_ERROR, thought=completion.text[:500], error="parse", observation=problem.reason)
+        error = "tool_required" if problem.reason == TOOL_FIRST_PROBLEM else "parse"
+        state.record(StepKind.FORMAT_ERROR, thought=completion.text[:500], error=error, observation=problem.reason)
         if state.format_problems >= 2:
-            return problem.usable_text or apology("format", language_of(question))
-        conversation.add_reminder(completion, format_reminder(state.tools))
+            return apology("format", language_of(question))
+        if error == "tool_required":
+            reminder = tool_first_reminder(conversation.first_tools)
+        else:
+            reminder = format_reminder(state.tools)
+        conversation.add_reminder(completion, reminder)
         return None
 
     async def _final_at_limit(self, conversation: Conversation, state: TurnState, question: str,
@@ -172,11 +199,12 @@ class Agent:
     async def _complete(self, conversation: Conversation, state: TurnState) -> Completion:
         if state.cancel.cancelled:
             raise LLMCancelled("the turn was cancelled")
-        messages, stop, tools = conversation.request()
+        request = conversation.request()
         state.emit(ModelCall(state.model_calls + 1))
-        completion = await self.llm.complete(messages, stop=stop, max_new_tokens=self.limits.max_new_tokens,
-                                             tools=tools, cancel=state.cancel,
-                                             on_text=_answer_stream(conversation, state))
+        completion = await self.llm.complete(request.messages, stop=request.stop,
+                                             max_new_tokens=self.limits.max_new_tokens, tools=request.tools,
+                                             cancel=state.cancel, on_text=_answer_stream(conversation, state),
+                                             grammar=request.grammar)
         state.model_calls += 1
         state.prompt_tokens += completion.prompt_tokens
         state.completion_tokens += completion.completion_tokens

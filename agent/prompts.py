@@ -43,6 +43,11 @@ FORMAT_REMINDER = (
     "Action: one of [{tool_names}]\nAction Input: a JSON object with the arguments\n"
     "or, if you know the answer, reply with\nThought: I now know the final answer\nFinal Answer: the answer"
 )
+TOOL_FIRST_PROBLEM = "the question is about a tool's subject: a tool must be called before the final answer"
+TOOL_FIRST_REMINDER = (
+    "Do not answer from memory: look it up first. Call a tool with\n"
+    "Action: one of [{tool_names}]\nAction Input: a JSON object with the arguments"
+)
 REPEATED_CALL_NOTE = (
     "(You already called {tool} with exactly these arguments; this is the same result as before. "
     "Do not call it again: use it, or give your Final Answer.)"
@@ -71,3 +76,8 @@ def react_prompt(tools: Sequence[Tool], query: str) -> str:
 def format_reminder(tools: Sequence[Tool]) -> str:
     """What the model is told after a reply that fits neither an action nor a final answer."""
     return FORMAT_REMINDER.format(tool_names=",".join(tool.name for tool in tools))
+
+
+def tool_first_reminder(tools: Sequence[Tool]) -> str:
+    """What the model is told when it answered before calling a tool the question required."""
+    return TOOL_FIRST_REMINDER.format(tool_names=",".join(tool.name for tool in tools))

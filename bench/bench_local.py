@@ -7,6 +7,8 @@ repeat, concurrency by concurrency, contender by contender) so that background n
     local, no cache    the same with PREFIX_CACHE_MB=0 (a batch still computes the prefix its rows share once)
     local, streamed    `local` with a listener on every turn, as Telegram and the terminal have: every row streams
                        its text as it is generated (--modes local local-streamed: what the streaming hook costs)
+    local, grammar     (--modes local-grammar) "local" with every call decoded under the agent's step grammar
+                       (agent/grammar.py; llguidance masks per row): what constrained decoding costs
     raw generate       the ceiling: the same prompts through `generate_rows` directly, no agent around it
     --openai URL       our openai backend (`OpenAILLM`) against a server: llama.cpp's, vLLM, anything
 
@@ -21,6 +23,7 @@ processes time `LocalLLM.start()` on the GGUF: the first converts it, the second
     .venv/bin/python bench/bench_local.py --openai http://127.0.0.1:8771/v1 --openai-label llama-server
     .venv/bin/python bench/bench_local.py --chats 1 2 --turns 1 --new-tokens 4 --probe-tokens 16 --repeat 1
     bash bench/run_vs_llamacpp.sh                                           # both llama.cpp servers, one command
+    .venv/bin/python bench/bench_local.py --modes local local-grammar --probe-tokens 0 --no-startup  # grammar cost
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from bench.measures import median  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODES = {"local": "local", "local-nocache": "local, no cache", "local-streamed": "local, streamed",
-         "raw": "raw generate"}
+         "raw": "raw generate", "local-grammar": "local, grammar"}
 # Tokens that end a llama.cpp generation besides the GGUF's eos/eot ids (llama-vocab.cpp treats these as "end of
 # generation" by their text).
 END_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|return|>", "</s>")
@@ -116,7 +119,7 @@ def specs(args: argparse.Namespace) -> list[Spec]:
                 prefix_cache_mb=args.prefix_cache_mb, converted_dir=str(args.converted_dir))
     chosen = [replace(base, kind="raw" if mode == "raw" else "local", label=MODES[mode],
                       prefix_cache_mb=0 if mode == "local-nocache" else args.prefix_cache_mb,
-                      listen=mode == "local-streamed")
+                      listen=mode == "local-streamed", grammar=mode == "local-grammar")
               for mode in args.modes]
     if args.openai:
         banned = tuple(args.ban_token_ids) if args.ban_token_ids is not None else end_token_ids(args.model)
@@ -283,10 +286,23 @@ def verdicts(rows: list[dict[str, Any]], chats_levels: Sequence[int]) -> list[st
         if row and row.get("loop_lag_p99_ms") is not None:
             lines.append(_line(f"{_chats(chats)}: event-loop lag p99 {row['loop_lag_p99_ms']:.1f} ms (need < 20)",
                                row["loop_lag_p99_ms"] < 20))
+    lines += grammar_cost(medians, chats_levels)
     second = next((row for row in rows if row["mode"] == "local start: converted copy"), None)
     if second:
         lines.append(_line(f"second start: LocalLLM.start() {second['seconds']:.1f} s, process ready "
                            f"{second['ready_s']:.1f} s (need <= 10 s)", second["ready_s"] <= 10))
+    return lines
+
+
+def grammar_cost(medians: dict[tuple[str, int], dict[str, Any]], chats_levels: Sequence[int]) -> list[str]:
+    """Issue 11's line: what decoding under the step grammar costs in tokens/s, "local, grammar" against "local"."""
+    lines = []
+    for chats in chats_levels:
+        plain, constrained = medians.get((MODES["local"], chats)), medians.get((MODES["local-grammar"], chats))
+        if plain and constrained and plain.get("tokens_per_s") and constrained.get("tokens_per_s"):
+            cost = 1 - constrained["tokens_per_s"] / plain["tokens_per_s"]
+            lines.append(_line(f"{chats} chats: under the step grammar {constrained['tokens_per_s']:.1f} tokens/s, "
+                               f"{cost:.1%} below {plain['tokens_per_s']:.1f} (need <= 15%)", cost <= 0.15))
     return lines
 
 

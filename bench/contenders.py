@@ -31,6 +31,7 @@ from bench.react_turns import InstantLLM, Question, ScriptedReact, first_prompt,
     run_chats
 from bot.config import Settings
 from bot.services import Services, start_services
+from tools.registry import tools_for_turn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,6 +58,7 @@ class Spec:
     ban_token_ids: tuple[int, ...] = ()
     server_pid: int = 0
     listen: bool = False  # the turns have a listener (as in Telegram and the terminal): every call streams
+    grammar: bool = False  # every call decoded under the agent's step grammar (local only)
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,8 @@ def settings_for(spec: Spec, folder: Path) -> Settings:
                     database_path=folder / "bench.sqlite3", batch_size=spec.batch_size,
                     batch_wait_ms=spec.batch_wait_ms, max_new_tokens=spec.new_tokens, turn_timeout_seconds=3600,
                     prefix_cache_mb=spec.prefix_cache_mb, tokenizer_vocab_path=ROOT / "data" / "qwen.tiktoken",
-                    openai_base_url=spec.openai_url, openai_model=spec.openai_model)
+                    openai_base_url=spec.openai_url, openai_model=spec.openai_model,
+                    constrained_decoding=spec.grammar)
 
 
 def backend_for(spec: Spec, settings: Settings) -> LLM:
@@ -172,7 +175,7 @@ class AgentContender:
 
     async def probe(self, plan: RowPlan) -> dict[str, Any]:
         """First-token latency of calls arriving while other chats generate `probe_tokens` tokens each."""
-        tools = await self.services.tool_settings.enabled_tools("bench")
+        tools = await tools_for_turn(await self.services.tool_settings.enabled_tools("bench"))
         background, probes = plan.probe_questions(self.spec.probes)
         result = await probe_first_token(self.llm.inner, [first_prompt(q, tools) for q in background],
                                          [first_prompt(q, tools) for q in probes], self.spec.probe_tokens,
@@ -251,7 +254,7 @@ async def open_contender(spec: Spec, folder: Path) -> tuple[Any, dict[str, Any]]
     settings = settings_for(spec, folder)
     if spec.kind == "raw":
         return await _open_raw(spec, settings)
-    llm = ScriptedReact(backend_for(spec, settings), spec.new_tokens)
+    llm = ScriptedReact(backend_for(spec, settings), spec.new_tokens, grammar=spec.grammar)
     services = await start_services(settings, llm=llm)
     facts = {"start_s": llm.start_seconds}
     if spec.kind != "openai":

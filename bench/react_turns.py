@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from agent.conversations import start_conversation
 from agent.events import TurnEvent
+from agent.grammar import Grammar
 from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink
 from agent.loop import Agent, Session
 from tools.registry import Tool
@@ -88,9 +89,10 @@ class ScriptedReact(LLM):
 
     name = "scripted-react"
 
-    def __init__(self, inner: LLM, new_tokens: int):
+    def __init__(self, inner: LLM, new_tokens: int, grammar: bool = False):
         self.inner = inner
         self.new_tokens = new_tokens
+        self.grammar = grammar  # generate under the agent's step grammar, made repeatable (see `endless`)
         self.calls: list[CallRecord] = []
         self.prompts: list[list[Message]] = []  # every prompt sent, for the raw ceiling
         self.start_seconds = 0.0
@@ -116,13 +118,14 @@ class ScriptedReact(LLM):
 
     async def complete(self, messages: Sequence[Message], *, stop: Sequence[str] = (), max_new_tokens: int = 512,
                        tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None,
-                       on_text: TextSink | None = None) -> Completion:
+                       on_text: TextSink | None = None, grammar: Grammar | None = None) -> Completion:
         """Generate `new_tokens` real tokens for `messages` (no stop strings; streamed to `on_text` when a turn
-        listens), then answer with the script."""
+        listens; under the step grammar when the contender measures it), then answer with the script."""
         asked = self._question_of(messages)
         started = time.perf_counter()
+        constraint = endless(grammar) if self.grammar and grammar is not None else None
         real = await self.inner.complete(messages, max_new_tokens=self.new_tokens, tools=tools, cancel=cancel,
-                                         on_text=on_text)
+                                         on_text=on_text, grammar=constraint)
         self.calls.append(CallRecord(asked.n, real.prompt_tokens, real.cached_tokens, real.completion_tokens,
                                      time.perf_counter() - started))
         self.prompts.append(list(messages))
@@ -154,9 +157,15 @@ class InstantLLM(LLM):
 
     async def complete(self, messages: Sequence[Message], *, stop: Sequence[str] = (), max_new_tokens: int = 512,
                        tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None,
-                       on_text: TextSink | None = None) -> Completion:
+                       on_text: TextSink | None = None, grammar: Grammar | None = None) -> Completion:
         """Nothing, now."""
         return Completion("", 0, max_new_tokens)
+
+
+def endless(grammar: Grammar) -> Grammar:
+    """The step grammar made repeatable (`start: step+`): a fixed-length call must not reach the grammar's end,
+    where only the end-of-turn token (banned here) would be allowed; so every token stays masked."""
+    return Grammar(grammar.kind, grammar.lark.replace("start: ", "start: step+\nstep: ", 1))
 
 
 @dataclass
@@ -211,8 +220,7 @@ async def run_chats(agent: Agent, llm: ScriptedReact, plan: dict[str, list[Quest
 
 def first_prompt(asked: Question, tools: Sequence[Tool]) -> list[Message]:
     """The agent's first ReAct prompt for `asked` in a new chat (no history)."""
-    messages, _, _ = start_conversation("react", [], asked.text, tools).request()
-    return messages
+    return start_conversation("react", [], asked.text, tools).request().messages
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from telegram import Update
 
+from agent.options import REQUIRE_TOOL_CALL
 from bot.access import audit
 from bot.context import BotContext
 from bot.chat import reply, reply_or_refuse, session_for
@@ -30,7 +31,10 @@ USAGE = {
     "allow": "/allow ID: a user id, or a group id (negative, e.g. -1001234567890)",
     "deny": "/deny ID: a user id, or a group id (negative)",
     "stats": f"/stats [DAYS] (default {DEFAULT_DAYS})",
+    "require_tool": ("/require_tool on|off|default [global]: whether a question that names a tool's subject (a "
+                     "course) must get a tool call before the answer, in this chat (or everywhere)"),
 }
+POLICY_VALUES = {"on": True, "off": False, "default": None}
 ADMINS_ONLY = "⛔ This command is for admins only."
 # Other names admins may use for a course field: the article's Chinese labels and short forms.
 FIELD_ALIASES = {**{label: name for name, label in FIELD_LABELS.items()}, "per_week": "updates_per_week",
@@ -119,6 +123,23 @@ async def tools_all(update: Update, context: BotContext) -> None:
 def _origin(tool: Tool) -> str:
     """Where a tool comes from and what it may do to data, for tools that are not built in."""
     return "" if tool.source == BUILT_IN else f" · {tool.source}, {tool.access}"
+
+
+async def require_tool(update: Update, context: BotContext) -> None:
+    """/require_tool on|off|default [global]: the first-step policy in this chat, or everywhere."""
+    if not await admin_only(update, context):
+        return
+    args = [arg.lower() for arg in arguments(update)]
+    if len(args) not in (1, 2) or args[0] not in POLICY_VALUES or (len(args) == 2 and args[1] != GLOBAL):
+        return await usage(update, "require_tool")
+    chat_key = session_for(update.effective_message).chat_key
+    scope = GLOBAL if len(args) == 2 else chat_key
+    await context.services.options.set(REQUIRE_TOOL_CALL, POLICY_VALUES[args[0]], scope)
+    await record(update, context, "require_tool", f"{args[0]} scope={scope}")
+    required = await context.services.options.require_tool_call(chat_key, context.settings.require_tool_call)
+    source = await context.services.options.source(chat_key, REQUIRE_TOOL_CALL)
+    state = "must call a tool before answering" if required else "may answer without a tool"
+    await reply(update.effective_message, f"✅ Here, questions about a tool's subject {state} ({source} setting).")
 
 
 # --- courses ---------------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ USER_COMMANDS = [
 ADMIN_COMMANDS = [
     ("tool_on", "NAME [global] [destructive]: enable a tool"),
     ("tool_off", "NAME [global]: disable a tool"),
+    ("require_tool", "on|off|default [global]: tool call before answering"),
     ("courses", "list the courses"),
     ("course_add", "NAME LESSONS PER_WEEK HOURS"),
     ("course_set", "NAME FIELD VALUE"),
@@ -95,7 +96,8 @@ def register_handlers(application: Application) -> None:
     commands = {
         "start": handlers.start, "help": handlers.help_command, "ask": handlers.ask, "reset": handlers.reset,
         "cancel": handlers.cancel, "trace": handlers.trace,
-        "tool_on": admin.tool_on, "tool_off": admin.tool_off, "courses": admin.courses,
+        "tool_on": admin.tool_on, "tool_off": admin.tool_off, "require_tool": admin.require_tool,
+        "courses": admin.courses,
         "course_add": admin.course_add, "course_set": admin.course_set, "course_del": admin.course_del,
         "allow": admin.allow, "deny": admin.deny, "admins": admin.admins, "stats": admin.stats,
         "mcp_add": admin_mcp.mcp_add, "mcp_list": admin_mcp.mcp_list, "mcp_del": admin_mcp.mcp_del,

@@ -1,4 +1,5 @@
-"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), migrate, tools, mcp, doctor.
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), migrate, tools,
+mcp, doctor.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -8,13 +9,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import logging
 import sys
+import tempfile
+from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
 from agent.memory import Session
 from agent.traces import render_trace
 from bot.config import ConfigError, Settings
+from bot.evaluation import copy_database, evaluate, load_cases, summary
 from bot.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.mcp_reports import added_text, servers_text
 from bot.services import mcp_hub, open_settings_database, start_services
@@ -48,8 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="an interactive session in the terminal (/reset, /trace, /quit; "
                                             "Ctrl-C stops an answer); reads piped questions one per line")
     chat.add_argument("--session", default="cli:chat", help="history session id (default: cli:chat)")
-    commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
     chat.add_argument("--quiet", "-q", action="store_true", help="print only the answers")
+    evaluation = commands.add_parser("eval", help="run a question set (JSONL) through the agent and print the score")
+    evaluation.add_argument("file", type=Path, help='questions, one JSON object a line: {"q": ..., "expect": [...]}')
+    evaluation.add_argument("--report", type=Path, help="also write every answer and figure to this JSON file")
+    evaluation.add_argument("--turn-timeout", type=float, metavar="SECONDS",
+                            help="TURN_TIMEOUT_SECONDS for this run (all questions queue for one model at once)")
+    commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
     add_mcp_parser(commands)
     return parser
 
@@ -170,6 +181,36 @@ def ask_command(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(job)
 
 
+def eval_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Run a question set through the real agent, on a copy of the database; print the score and the failures."""
+    cases = load_cases(args.file)
+    timeout = args.turn_timeout or settings.turn_timeout_seconds
+
+    async def job() -> int:
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / "eval.sqlite3"
+            await asyncio.to_thread(copy_database, settings.database_path, copy)
+            run = dataclasses.replace(settings, database_path=copy, turn_timeout_seconds=timeout)
+            services = await start_services(run)
+            try:
+                report = await evaluate(services.agent, cases)
+            finally:
+                await services.close()
+        report.about = evaluated(settings)
+        print("\n".join(summary(report, str(args.file))))
+        if args.report:
+            args.report.write_text(json.dumps(report.as_json(), ensure_ascii=False, indent=2), encoding="utf-8")
+        return 0
+    return run_async(job)
+
+
+def evaluated(settings: Settings) -> dict[str, object]:
+    """What a run evaluated, for its report: the model and how it was driven."""
+    model = settings.openai_model or settings.model if settings.llm_backend == "openai" else settings.model
+    return {"model": model, "backend": settings.llm_backend, "mode": settings.agent_mode,
+            "constrained": settings.constrained_decoding, "require_tool_call": settings.require_tool_call}
+
+
 def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     """An interactive session on the same agent and memory: /reset, /trace, /quit; Ctrl-C stops an answer."""
     async def job() -> int:
@@ -214,6 +255,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "run": run_command,
     "ask": ask_command,
     "chat": chat_command,
+    "eval": eval_command,
 }
 
 if __name__ == "__main__":

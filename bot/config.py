@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from dotenv import load_dotenv
 
+from agent.grammar import GrammarLimits
 from agent.llm.base import MODEL_DTYPES
 from agent.loop import AgentLimits
 from bot.ids import IdError, parse_chat_id, parse_user_id
@@ -23,6 +24,7 @@ from tools.mcp import McpLimits
 
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
+OPENAI_GRAMMARS = ("off", "vllm", "sglang", "llama.cpp")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Settings that no longer exist, and what replaced them: a .env that still sets one is told, not silently ignored.
 RETIRED = {
@@ -68,6 +70,7 @@ class Settings:
     openai_silence_seconds: float = 30.0
     openai_startup_seconds: float = 60.0
     openai_max_retries: int = 3
+    openai_grammar: str = "off"
     agent_mode: str = AgentLimits.mode
     scripted_replies_path: str = ""
     scripted_delay_seconds: float = 0.0
@@ -79,6 +82,11 @@ class Settings:
     refusal_interval_seconds: float = 3600.0
     max_steps: int = AgentLimits.max_steps
     max_new_tokens: int = AgentLimits.max_new_tokens
+    constrained_decoding: bool = AgentLimits.grammar is not None
+    thought_max_tokens: int = GrammarLimits.thought_max_tokens
+    tool_string_max_chars: int = GrammarLimits.string_max_chars
+    require_tool_call: bool = AgentLimits.require_tool_call
+    course_names_free_text: bool = False
     tool_timeout_seconds: float = 10.0
     history_token_budget: int = AgentLimits.history_token_budget
     observation_max_chars: int = AgentLimits.observation_max_chars
@@ -139,6 +147,7 @@ class Settings:
         _one_of("LLM_BACKEND", self.llm_backend, LLM_BACKENDS)
         _one_of("AGENT_MODE", self.agent_mode, AGENT_MODES)
         _one_of("MODEL_DTYPE", self.model_dtype, MODEL_DTYPES)
+        _one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
         # logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here.
         _one_of("LOG_LEVEL", self.log_level.upper(), LOG_LEVELS)
         if self.webhook_port > 65535:
@@ -146,7 +155,7 @@ class Settings:
         for name in ("max_steps", "max_new_tokens", "history_token_budget", "batch_size",
                      "observation_max_chars", "webhook_port", "max_pending_questions", "max_question_chars",
                      "webhook_max_body_bytes", "mcp_max_tools_per_server",
-                     "mcp_description_max_chars"):
+                     "mcp_description_max_chars", "thought_max_tokens", "tool_string_max_chars"):
             _positive(name.upper(), getattr(self, name))
         for name in ("tool_timeout_seconds", "turn_timeout_seconds", "openai_connect_timeout_seconds",
                      "openai_first_token_seconds", "openai_silence_seconds", "openai_startup_seconds",
@@ -201,6 +210,16 @@ def _id_set(name: str, raw: str, parse_one: Callable[[str], int]) -> frozenset[i
                           f"{redact_token_shapes(str(error))}") from None
 
 
+def _flag(raw: str) -> bool:
+    folded = raw.lower()
+    if folded not in _TRUE + _FALSE:
+        raise ValueError(raw)
+    return folded in _TRUE
+
+
+_TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
+
+
 def shown(value: str) -> str:
     """A bad value as an error message quotes it: never anything shaped like a bot token (a token pasted into
     the wrong variable is still a secret), and never more than a line's worth."""
@@ -215,11 +234,13 @@ _ID_PARSERS: dict[str, Callable[[str], int]] = {
     "allowed_chat_ids": parse_chat_id,
 }
 _PARSERS: dict[str, Callable[[str], Any]] = {
+    "bool": _flag,
     "int": int,
     "float": float,
     "Path": Path,
 }
 _DESCRIPTIONS = {
+    "bool": "true or false (also on/off, yes/no, 1/0)",
     "int": "a whole number",
     "float": "a number",
     "Path": "a path",

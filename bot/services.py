@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from agent.llm import LLM
+from agent.grammar import GrammarLimits
 from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
+from agent.options import ChatOptions
 from agent.tokens import qwen_token_counter
 from bot.config import Settings
 from bot.logs import add_secrets
@@ -41,6 +43,7 @@ class Services:
     catalog: CourseCatalog
     agent: Agent
     mcp: McpHub
+    options: ChatOptions
 
     async def close(self) -> None:
         """Close the MCP connections, stop the model, then close the database."""
@@ -82,7 +85,7 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
         await db.close()
         raise
     catalog = CourseCatalog(db)
-    registry = build_registry(db, settings.tool_timeout_seconds)
+    registry = build_registry(db, settings.tool_timeout_seconds, settings.course_names_free_text)
     mcp = mcp_hub(settings, db, registry, mcp_config)
     try:
         await mcp.start()
@@ -93,8 +96,9 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
     add_secrets(mcp.secrets())
     tool_settings = ToolSettings(db, registry)
     memory = Memory(db)
-    agent = Agent(llm, registry, tool_settings, memory, agent_limits(settings))
-    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp)
+    options = ChatOptions(db)
+    agent = Agent(llm, registry, tool_settings, memory, agent_limits(settings), options)
+    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp, options)
 
 
 def mcp_hub(settings: Settings, db: Database, registry: ToolRegistry, config: list | None = None) -> McpHub:
@@ -106,9 +110,11 @@ def mcp_hub(settings: Settings, db: Database, registry: ToolRegistry, config: li
 
 
 def agent_limits(settings: Settings) -> AgentLimits:
-    """The agent's limits from MAX_STEPS, MAX_NEW_TOKENS, HISTORY_TOKEN_BUDGET and the rest."""
+    """The agent's limits and decoding rules from MAX_STEPS, MAX_NEW_TOKENS, CONSTRAINED_DECODING and the rest."""
+    grammar = GrammarLimits(settings.thought_max_tokens, settings.tool_string_max_chars)
     return AgentLimits(settings.max_steps, settings.max_new_tokens, settings.history_token_budget,
-                       settings.observation_max_chars, settings.turn_timeout_seconds, settings.agent_mode)
+                       settings.observation_max_chars, settings.turn_timeout_seconds, settings.agent_mode,
+                       grammar if settings.constrained_decoding else None, settings.require_tool_call)
 
 
 def build_llm(settings: Settings) -> LLM:
@@ -120,7 +126,8 @@ def build_llm(settings: Settings) -> LLM:
         return LocalLLM(settings.model, device_map=settings.model_device_map, dtype=settings.model_dtype,
                         batch_size=settings.batch_size, batch_wait_ms=settings.batch_wait_ms,
                         converted_dir=settings.model_converted_dir, prefix_cache_mb=settings.prefix_cache_mb,
-                        base_dir=settings.data_dir, cache_dir=settings.model_cache_dir)
+                        base_dir=settings.data_dir, cache_dir=settings.model_cache_dir,
+                        native_tools=settings.agent_mode == "native")
     if settings.llm_backend == "openai":
         from agent.llm.openai import OpenAILLM
 
@@ -131,7 +138,8 @@ def build_llm(settings: Settings) -> LLM:
         return OpenAILLM(base_url=settings.openai_base_url, model=settings.openai_model or settings.model,
                          api_key=settings.openai_api_key, limits=limits,
                          startup_seconds=settings.openai_startup_seconds, max_retries=settings.openai_max_retries,
-                         count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
+                         count_tokens=qwen_token_counter(settings.tokenizer_vocab_path),
+                         grammar=settings.openai_grammar)
     from agent.llm.scripted import ScriptedLLM
 
     return ScriptedLLM.from_file(settings.scripted_replies_path, delay=settings.scripted_delay_seconds,

@@ -6,6 +6,7 @@ and the Telegram handlers turn the ones a turn can meet into a short apology.
 
     BotError                         (db/errors.py)
     ├── ConfigError                  a setting the bot cannot use; names the variable (bot/config.py)
+    ├── EvalFileError                a question file `qwenbot eval` cannot read; names the line (bot/evaluation.py)
     ├── DatabaseError                the database cannot do what was asked (here)
     │   ├── DatabaseOpenError        the path is a folder, not SQLite, or not writable (also an OSError)
     │   ├── MigrationError           a migration file failed and was rolled back

@@ -194,11 +194,16 @@ async def test_format_reminder_then_a_proper_answer(db, registry):
     assert [s.kind for s in result.steps] == ["format_error", "final"]
 
 
-async def test_model_that_never_says_final_answer_gets_its_text_used(db, registry):
-    agent, _ = make_agent(db, registry, ["大模型技术实战有200节。", "大模型技术实战一共有200节课。"])
-    result = await agent.run(SESSION, ARTICLE_QUESTION)
+async def test_a_model_that_never_follows_the_format_gets_an_apology_not_its_raw_text(db, registry):
+    rambling = ["I now know the answer\n\nEnd!", "Thought: I now know the answer"]
+    agent, _ = make_agent(db, registry, rambling)
+    result = await agent.run(SESSION, "How many lessons does the LLM course have?")
+
     assert result.status == "gave_up"
-    assert result.answer == "大模型技术实战一共有200节课。"
+    assert result.answer.startswith("Sorry") and "/trace" in result.answer
+    assert all(raw not in result.answer for raw in rambling)
+    assert [s.kind for s in result.steps] == ["format_error", "format_error"]
+    assert (await history_rows(db))[-1] == ("assistant", result.answer)
 
 
 async def test_empty_replies_end_in_an_apology(db, registry):
@@ -397,3 +402,52 @@ async def test_agent_keeps_the_event_loop_free(db, registry):
     await asyncio.gather(*(agent.run(Session(id=f"s{i}", chat_key="t"), ARTICLE_QUESTION) for i in range(5)))
     ticking.cancel()
     assert ticks >= 4  # five concurrent turns took about two 20 ms model calls; the ticker ran throughout
+
+
+async def test_each_step_is_decoded_under_the_grammar_of_the_enabled_tools(db, registry):
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL])
+    await agent.run(SESSION, ARTICLE_QUESTION)
+
+    first, second = (request.grammar for request in llm.requests)
+    assert first.kind == second.kind == "react_step"
+    assert first.lark.startswith('start: "Thought: "') and second.lark.startswith('start: " "')
+    for name in ("course_query", "course_list", "calculator", "Final Answer"):
+        assert name in first.lark
+    # course_query offers the courses in the database, and the prompt shows them too
+    assert '"enum":["大模型技术实战","机器学习实战","深度学习实战","AI数据分析"]' in first.lark
+    assert "机器学习实战" in llm.requests[0].last_content
+
+
+async def test_without_constrained_decoding_no_grammar_is_sent(db, registry):
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL], grammar=None)
+    await agent.run(SESSION, ARTICLE_QUESTION)
+    assert [request.grammar for request in llm.requests] == [None, None]
+
+
+async def test_the_first_step_policy_holds_a_course_question_to_a_course_lookup(db, registry):
+    agent, llm = make_agent(db, registry, ["Thought: 我知道\nFinal Answer: 100节", QWEN_LOOKUP, QWEN_FINAL],
+                            require_tool_call=True)
+    result = await agent.run(SESSION, ARTICLE_QUESTION)
+
+    assert "200" in result.answer
+    first, reminded, after_lookup = (request.grammar.lark for request in llm.requests)
+    assert "course_query" in first and "calculator" not in first and "Final Answer" not in first
+    assert "Final Answer" not in reminded  # still no answer before a lookup
+    assert "calculator" in after_lookup and "Final Answer" in after_lookup
+    assert "Do not answer from memory" in llm.requests[1].last_content
+    assert "[course_query,course_list]" in llm.requests[1].last_content
+    assert [(s.kind, s.error) for s in result.steps] == [("format_error", "tool_required"), ("tool", None),
+                                                         ("final", None)]
+
+
+async def test_the_first_step_policy_leaves_other_questions_alone(db, registry):
+    agent, llm = make_agent(db, registry, ["Thought: 好\nFinal Answer: 你好！"], require_tool_call=True)
+    result = await agent.run(SESSION, "你好")
+    assert result.answer == "你好！" and "Final Answer" in llm.requests[0].grammar.lark
+
+
+async def test_a_model_that_keeps_answering_from_memory_gets_an_apology(db, registry):
+    agent, _ = make_agent(db, registry, ["Thought: x\nFinal Answer: 100节", "Thought: x\nFinal Answer: 100节"],
+                          require_tool_call=True)
+    result = await agent.run(SESSION, ARTICLE_QUESTION)
+    assert result.status == "gave_up" and "100" not in result.answer and result.answer.startswith("抱歉")

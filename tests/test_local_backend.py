@@ -351,9 +351,9 @@ def test_rows_with_nothing_reused_are_plainly_left_padded() -> None:
     assert shared_prefix_length([list(range(100))]) == 0  # one row shares nothing with itself
 
 
-def qwenbot_ask(tmp_path: Path, model: str, question: str) -> subprocess.CompletedProcess:
+def qwenbot_ask(tmp_path: Path, model: str, question: str, mode: str = "react") -> subprocess.CompletedProcess:
     """`qwenbot ask` as a user runs it, on the local backend, configured only through the environment."""
-    settings = {"LLM_BACKEND": "local", "MODEL": model, "MODEL_DEVICE_MAP": "cpu", "AGENT_MODE": "react",
+    settings = {"LLM_BACKEND": "local", "MODEL": model, "MODEL_DEVICE_MAP": "cpu", "AGENT_MODE": mode,
                 "DATA_DIR": str(tmp_path), "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "MAX_NEW_TOKENS": "24",
                 "MAX_STEPS": "2",
                 "LOG_LEVEL": "WARNING"}
@@ -379,4 +379,14 @@ def test_qwenbot_ask_with_a_missing_model_fails_in_one_line(tmp_path: Path) -> N
     # A relative MODEL is looked for in the data directory, and the line says where that was.
     expected = f"qwenbot: MODEL ./nope.gguf: no such file ({tmp_path / 'nope.gguf'})"
     assert done.stderr.strip().splitlines()[-1] == expected
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.real_model
+def test_native_mode_on_a_template_that_ignores_tools_stops_at_start_in_one_line(tmp_path: Path) -> None:
+    done = qwenbot_ask(tmp_path, str(GGUF), "hello", mode="native")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"qwenbot: MODEL {GGUF}: its chat template ignores tools, so AGENT_MODE=native would show the model none; "
+        "use AGENT_MODE=react")
     assert "Traceback" not in done.stderr

@@ -20,6 +20,7 @@ import pytest
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from bot.services import build_llm
 from agent.llm.base import CancelToken, ToolCall
+from agent.grammar import Grammar
 from agent.llm.openai import OpenAILLM
 from agent.llm.openai_stream import StreamLimits
 from bot.config import Settings
@@ -391,6 +392,51 @@ QWEN_LOOKUP = ("Thought: 我应该使用课程信息数据库API来查询大模�
 QWEN_FINAL = " 我现在知道最终答案了。\nFinal Answer: 大模型技术实战课程目前一共上线了200节课。"
 
 
+STEP = Grammar("react_step", 'start: "Thought: " /[^\\n]+/\n')
+
+
+@pytest.mark.parametrize("style, field, value", [
+    ("vllm", "structured_outputs", {"grammar": STEP.lark}),
+    ("sglang", "ebnf", "%llguidance {}\n" + STEP.lark),
+    ("llama.cpp", "grammar", "%llguidance {}\n" + STEP.lark),
+])
+async def test_the_grammar_goes_in_the_field_each_server_takes(server, style, field, value):
+    server.add("Thought: ok")
+    llm = make_llm(server, grammar=style)
+    await llm.complete([user("Question: ?")], grammar=STEP)
+    await llm.close()
+    assert server.chat_requests[0].body[field] == value
+
+
+async def test_without_openai_grammar_no_grammar_is_sent(server, llm):
+    server.add("Thought: ok")
+    await llm.complete([user("Question: ?")], grammar=STEP)
+    assert set(server.chat_requests[0].body) == {"model", "messages", "max_tokens", "stream", "stream_options"}
+
+
+async def test_a_server_that_refuses_the_grammar_gets_the_request_again_without_it_and_none_after(server, caplog):
+    server.add(error(400, "unknown field: ebnf"), "Thought: first", "Thought: second")
+    llm = make_llm(server, grammar="sglang")
+
+    first = await llm.complete([user("Question: ?")], grammar=STEP)
+    second = await llm.complete([user("Question: ?")], grammar=STEP)
+    await llm.close()
+
+    assert (first.text, second.text) == ("Thought: first", "Thought: second")
+    assert ["ebnf" in request.body for request in server.chat_requests] == [True, False, False]
+    refusals = [r.getMessage() for r in caplog.records if "sending no grammar" in r.getMessage()]
+    assert len(refusals) == 1 and "answered 400: unknown field: ebnf" in refusals[0]
+
+
+async def test_other_errors_with_a_grammar_are_errors_as_before(server):
+    server.add(error(401, "bad key"))
+    llm = make_llm(server, grammar="vllm", max_retries=0)
+    with pytest.raises(LLMError, match="answered 401"):
+        await llm.complete([user("Question: ?")], grammar=STEP)
+    await llm.close()
+    assert len(server.chat_requests) == 1
+
+
 def qwenbot_ask(server_url: str, tmp_path: Path, question: str, **env: str) -> subprocess.CompletedProcess:
     """Run `qwenbot ask` as a user would, configured only through the environment (no .env: cwd is tmp_path)."""
     settings = {"LLM_BACKEND": "openai", "OPENAI_BASE_URL": server_url, "OPENAI_MODEL": "fake-qwen",
@@ -428,6 +474,18 @@ def test_qwenbot_ask_completes_a_react_turn_with_a_course_lookup(server, tmp_pat
     assert '\nObservation: {"课程名称": "大模型技术实战", "课时": 200' in prompt
     assert "invent" not in prompt and prompt.endswith("\nThought:")
     assert stored_steps(tmp_path) == [("tool", "course_query"), ("final", "")]
+
+
+def test_qwenbot_ask_with_openai_grammar_sends_each_steps_grammar(server, tmp_path):
+    server.add(QWEN_LOOKUP, QWEN_FINAL)
+
+    done = qwenbot_ask(server.base_url, tmp_path, ARTICLE_QUESTION, OPENAI_GRAMMAR="vllm")
+
+    assert done.returncode == 0, done.stderr
+    first, second = (request.body["structured_outputs"]["grammar"] for request in server.chat_requests)
+    assert first.startswith('start: "Thought: " thought')  # a fresh step
+    assert second.startswith('start: " " thought')  # continuing after the trace's "Thought:"
+    assert '"enum":["大模型技术实战","机器学习实战","深度学习实战","AI数据分析"]' in first  # the courses in the database
 
 
 def test_qwenbot_ask_still_answers_after_two_server_errors(server, tmp_path):

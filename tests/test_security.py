@@ -56,6 +56,7 @@ ADMIN_EXAMPLES = {
     "allow": f"/allow {BOB.id}", "deny": f"/deny {ALICE.id}", "admins": "/admins", "stats": "/stats 30",
     "mcp_add": '/mcp_add wiki http://127.0.0.1:9/mcp "Authorization=Bearer x"', "mcp_list": "/mcp_list",
     "mcp_del": "/mcp_del wiki", "mcp_refresh": "/mcp_refresh wiki",
+    "require_tool": "/require_tool on",
 }
 ANONYMOUS_ADMIN = User(1087968824, "Group", username="GroupAnonymousBot", is_bot=True)  # Telegram's stand-in
 REFUSED = "⛔ This command is for admins only."

@@ -11,12 +11,13 @@ __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
 
 ADMIN_COMMANDS = ["/tool_on calculator", "/tool_off course_query", "/tool_off course_query global", "/tools all",
                   "/courses", "/course_add 强化学习实战 120 2 1.5", "/course_set 大模型技术实战 lessons 999",
-                  "/course_del 大模型技术实战", "/allow 2002", "/deny 1001", "/admins", "/stats"]
+                  "/course_del 大模型技术实战", "/allow 2002", "/deny 1001", "/admins", "/stats",
+                  "/require_tool on", "/require_tool off global"]
 
 
 async def database_state(bot) -> list:
     return [await bot.query(sql) for sql in (
-        "SELECT * FROM tool_settings", "SELECT name, lessons FROM courses ORDER BY id",
+        "SELECT * FROM tool_settings", "SELECT * FROM chat_options", "SELECT name, lessons FROM courses ORDER BY id",
         "SELECT kind, subject_id, allowed FROM access_list", "SELECT * FROM audit_log")]
 
 
@@ -166,3 +167,31 @@ async def test_the_model_is_never_offered_a_tool_that_changes_data(start_bot, te
     offered = [tool.name for tool in bot.application.bot_data["services"].registry]
     assert sorted(offered) == ["calculator", "course_list", "course_query"]
     assert await bot.query("SELECT lessons FROM courses WHERE name = '大模型技术实战'") == [(200,)]
+
+
+async def test_require_tool_makes_a_course_question_look_it_up_before_answering(start_bot, telegram_server):
+    bot = await start_bot([final("大概100节吧"), final("大概100节吧"), QWEN_LOOKUP, QWEN_FINAL, final("你好！")])
+    chat = private_chat(ALICE)
+    assert "must call a tool before answering (chat setting)" in await bot.ask(
+        private_chat(ADMIN), ADMIN, "/require_tool on")  # the admin's own chat only
+    assert await bot.ask(chat, ALICE, "大模型技术实战课程一共多少节？") == "大概100节吧"  # not in this chat yet
+
+    await bot.ask(private_chat(ADMIN), ADMIN, "/require_tool on global")
+    answer = await bot.ask(chat, ALICE, "大模型技术实战课程一共多少节？")
+
+    assert "200" in answer
+    assert "Do not answer from memory" in bot.llm.requests[2].last_content  # the answer from memory was sent back
+    trace = await bot.ask(chat, ALICE, "/trace")
+    assert "format_error" in trace and "🔧 course_query" in trace
+    assert await bot.ask(chat, ALICE, "你好") == "你好！"  # a question about no tool's subject: answered directly
+    audit = await bot.query("SELECT action, detail FROM audit_log")
+    assert audit == [("require_tool", f"on scope=tg:{ADMIN.id}"), ("require_tool", "on scope=global")]
+
+
+async def test_require_tool_usage_and_default(start_bot, telegram_server):
+    bot = await start_bot()
+    admin_chat = private_chat(ADMIN)
+    assert (await bot.ask(admin_chat, ADMIN, "/require_tool maybe")).startswith("Usage: /require_tool on|off|default")
+    assert "(chat setting)" in await bot.ask(admin_chat, ADMIN, "/require_tool off")
+    assert "may answer without a tool (default setting)" in await bot.ask(admin_chat, ADMIN, "/require_tool default")
+    assert await bot.query("SELECT * FROM chat_options") == []

@@ -10,6 +10,7 @@ from tools.registry import Tool, ToolRegistry, ToolResult
 __all__ = ["Tool", "ToolRegistry", "ToolResult", "build_registry"]
 
 
-def build_registry(db: Database, timeout_seconds: float = 10.0) -> ToolRegistry:
+def build_registry(db: Database, timeout_seconds: float = 10.0, free_text_course_names: bool = False) -> ToolRegistry:
     """Every tool the bot ships, registered in the order the prompt lists them."""
-    return ToolRegistry.of([*CourseCatalog(db).tools(), CALCULATOR], timeout_seconds=timeout_seconds)
+    catalog = CourseCatalog(db, free_text_names=free_text_course_names)
+    return ToolRegistry.of([*catalog.tools(), CALCULATOR], timeout_seconds=timeout_seconds)

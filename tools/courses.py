@@ -3,10 +3,16 @@
 The model gets two read-only tools: `course_query` (one course, matched loosely, since people write
 `大模型技术实战课程` or `大模型实战`) and `course_list`. Changes (add, set a field, remove) are for admins only and
 are never offered to the model.
+
+At the start of each turn `course_query` narrows its `course_name` to an enum of the names in the database, so a
+small model decoding under the turn's grammar picks a real course instead of inventing one. With
+COURSE_NAMES_FREE_TEXT the operator allows any name instead (the names are then shown as examples): the tool's
+loose matching and its "no such course" answer take over, at the price of names the model may make up.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -21,6 +27,9 @@ from tools.registry import Tool
 
 FIELDS = {"lessons": int, "updates_per_week": int, "hours_per_update": float}
 FIELD_LABELS = {"lessons": "课时", "updates_per_week": "每周更新次数", "hours_per_update": "每次更新小时"}
+# Words naming what the course tools are about (the first-step policy); the course names are added per turn.
+SUBJECTS = ("课程", "课", "course", "lesson")
+COURSE_NAME = {"type": "string", "minLength": 1, "maxLength": 200, "description": "课程名称，所需查询信息的课程名称"}
 MAX_NAME_LENGTH = 100
 MAX_FIELD_VALUE = 100_000
 # Above 2/3, so names sharing only a suffix (强化学习实战 vs 机器学习实战: 0.67) do not match; typos (0.83) do.
@@ -65,8 +74,9 @@ def similarity(query: str, name: str) -> float:
 class CourseCatalog:
     """Courses in the database: loose lookups for the model, validated changes for admins."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, free_text_names: bool = False):
         self.db = db
+        self.free_text_names = free_text_names
 
     async def all(self) -> list[Course]:
         """Every course, by name."""
@@ -154,12 +164,11 @@ class CourseCatalog:
                 human_name="课程信息数据库",
                 description=("课程信息数据库存储有各课程的详细信息，包括目前的上线课时，每周更新次数以及每次更新的小时数。"
                              "通过输入课程名称，可以返回该课程的详细信息。"),
-                parameters={"type": "object",
-                            "properties": {"course_name": {"type": "string", "minLength": 1, "maxLength": 200,
-                                                           "description": "课程名称，所需查询信息的课程名称"}},
-                            "required": ["course_name"], "additionalProperties": False},
+                parameters=query_schema(COURSE_NAME),
                 function=self.query,
                 progress="🔎 查询课程数据库",
+                subjects=SUBJECTS,
+                narrow=self.narrowed,
             ),
             Tool(
                 name="course_list",
@@ -168,8 +177,33 @@ class CourseCatalog:
                 parameters={"type": "object", "properties": {}, "additionalProperties": False},
                 function=self.list_text,
                 progress="📚 列出所有课程",
+                subjects=SUBJECTS,
+                narrow=self.with_course_names,
             ),
         ]
+
+    async def narrowed(self, tool: Tool) -> Tool:
+        """`course_query` for one turn: `course_name` is one of the names in the database (or, with free-text
+        names, any name, the known ones given as examples); its subjects include every course name."""
+        names = [course.name for course in await self.all()]
+        if not names:
+            return tool  # nothing to choose from: the declared schema, and the tool says the database is empty
+        if self.free_text_names:
+            field = {**COURSE_NAME, "examples": names}
+        else:
+            field = {"type": "string", "enum": names, "description": COURSE_NAME["description"]}
+        return dataclasses.replace(tool, parameters=query_schema(field), subjects=(*tool.subjects, *names))
+
+    async def with_course_names(self, tool: Tool) -> Tool:
+        """`course_list` for one turn: its subjects include every course name."""
+        names = tuple(course.name for course in await self.all())
+        return dataclasses.replace(tool, subjects=(*tool.subjects, *names))
+
+
+def query_schema(course_name: dict[str, Any]) -> dict[str, Any]:
+    """`course_query`'s parameters, with `course_name` as given."""
+    return {"type": "object", "properties": {"course_name": course_name}, "required": ["course_name"],
+            "additionalProperties": False}
 
 
 def clean_name(name: str) -> str:

@@ -3,6 +3,10 @@
 A tool is a plain `async def` returning text, plus its description and a JSON Schema for its arguments.
 `ToolRegistry.call` validates arguments with jsonschema and runs the tool under a time limit. Whatever goes
 wrong (unknown tool, bad arguments, an exception, a time-out) comes back as a `ToolResult` the model can read.
+
+A tool may narrow itself at the start of each turn (`Tool.narrow`): `course_query` offers the course names in the
+database as an enum, so a model decoding under the turn's grammar cannot invent a course. The narrowed schema is
+what the model is shown and held to; arguments are still validated against the declared one.
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ class Tool:
     source: str = BUILT_IN  # where the tool comes from: built-in, or "mcp:SERVER"
     read_only: bool = True  # False: the tool may change data (enabling it takes an admin's explicit flag)
     destructive: bool = False  # the server says it may delete or overwrite data (implies not read_only)
+    # Words that name what the tool is about: a question holding one "names the tool's subject" (the policy that
+    # can require a tool call before the final answer). Compared case-insensitively.
+    subjects: tuple[str, ...] = ()
+    # Called at the start of each turn with the tool itself: the tool as the model sees it in that turn.
+    narrow: Callable[["Tool"], Awaitable["Tool"]] | None = None
 
     @property
     def access(self) -> str:
@@ -48,6 +57,15 @@ class Tool:
 
     def __post_init__(self) -> None:
         Draft202012Validator.check_schema(self.parameters)
+
+    async def for_turn(self) -> "Tool":
+        """The tool as the model sees it in a turn starting now (narrowed, if the tool narrows itself)."""
+        return await self.narrow(self) if self.narrow is not None else self
+
+    def named_in(self, text: str) -> bool:
+        """Whether `text` names this tool's subject."""
+        folded = text.casefold()
+        return any(word.casefold() in folded for word in self.subjects if word)
 
     @property
     def parameter_list(self) -> list[dict[str, Any]]:
@@ -73,6 +91,11 @@ class Tool:
         """The tool as an OpenAI-style function spec, for native tool calling."""
         return {"type": "function",
                 "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+async def tools_for_turn(tools: Iterable[Tool]) -> list[Tool]:
+    """`tools` as the model sees them in a turn starting now."""
+    return [await tool.for_turn() for tool in tools]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from agent.grammar import Grammar
 
 Message = dict[str, Any]
 # Called on the event loop with each new piece of generated text; it must be quick and must not block.
@@ -82,11 +85,13 @@ class LLM(ABC):
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
         on_text: TextSink | None = None,
+        grammar: "Grammar | None" = None,
     ) -> Completion:
         """Generate a completion for `messages`, ending at the first of `stop` (trimmed) or the token limit.
 
         `tools` are OpenAI-style function specs for native tool calling. `on_text`, when given, receives the new
-        text as it is generated (see the module docstring). Raises `LLMError` subclasses.
+        text as it is generated (see the module docstring). `grammar`, when given, is what the reply must look like
+        (agent/grammar.py); a backend that cannot apply it generates without it. Raises `LLMError` subclasses.
         """
 
     @abstractmethod

@@ -1,4 +1,5 @@
-"""One batch of requests through one greedy `model.generate`: prefix reuse, layout, per-row ends, pauses.
+"""One batch of requests through one greedy `model.generate`: prefix reuse, layout, per-row grammars and ends,
+pauses.
 
 Runs on the model thread only (see `worker.py`). The choices here, measured on 2-core CPU boxes with SmolLM2-135M:
 
@@ -14,6 +15,11 @@ Runs on the model thread only (see `worker.py`). The choices here, measured on 2
 - Continuous batching, the simple way: when a newcomer waits and the batch has room, the batch pauses after the
   current step, its unfinished rows keep their KV in the store, and the next batch takes them with the newcomer.
   A row's caller is answered the moment the row ends, not when the batch does.
+- A row may be decoded under a grammar (agent/grammar.py): a logits processor masks each constrained row by its
+  own matcher before every token (constraints.py), and `RowStops` feeds each row the token it took. The matcher
+  belongs to the row, so a paused row resumes where its grammar left it; it sees generated tokens only, so a
+  reused prompt prefix cannot change what it allows. Rows without a grammar are left exactly as they were; a
+  batch without any has no processor at all.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-from transformers import DynamicCache, GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from agent.llm.base import Message
+from agent.llm.constraints import GrammarEngine, GrammarMasks, RowGrammar
 from agent.llm.prefix_cache import CachedPrefix, Hit, PrefixCache
 from agent.llm.text_stream import TextStream
 
@@ -43,8 +50,8 @@ class BatchRow:
     A row may be paused between two batches (a newcomer joins at the next step: see `generate_rows`); it then
     resumes in a later batch from its stored KV, with `new_ids` holding what it generated so far.
 
-    Per-row state that changes as tokens come lives here, updated by `RowStops` after every step: the text
-    streamed to the row's caller goes through `take`.
+    Per-row state that changes as tokens come lives here, not in the batch, so it survives a pause: the row's
+    grammar matcher and the text streamed to its caller. `RowStops` updates both after every step, through `take`.
     """
 
     prompt_ids: list[int]
@@ -53,6 +60,7 @@ class BatchRow:
     is_cancelled: Callable[[], bool] = lambda: False
     owner: Any = None  # whoever asked (the worker keeps the caller's job here)
     stream: TextStream | None = None  # where the row's new text goes as it is generated, if its caller listens
+    grammar: RowGrammar | None = None  # the grammar this row is decoded under, if its caller gave one
     reason: str = ""  # "stop", "length" or "cancelled"; empty while it is still generating (or paused)
     new_ids: list[int] = field(default_factory=list)
     reused_tokens: int = 0  # prompt tokens taken from the prefix cache rather than computed
@@ -70,8 +78,17 @@ class BatchRow:
         """Whether the row has ended (stop string, end of turn, token limit or cancellation)."""
         return self.reason != ""
 
+    @property
+    def constraint(self) -> RowGrammar | None:
+        """The grammar that masks this row's next token: while the row runs and its grammar holds."""
+        if self.finished or self.grammar is None or not self.grammar.active:
+            return None
+        return self.grammar
+
     def take(self, token_id: int) -> None:
-        """The row generated `token_id`: its text goes to its caller."""
+        """The row generated `token_id`: its grammar moves on, and its text goes to its caller."""
+        if self.grammar is not None:
+            self.grammar.advance(token_id)
         if self.stream is not None:
             self.stream.push(token_id)
 
@@ -92,9 +109,9 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
 
 
 class RowStops(StoppingCriteria):
-    """The per-row loop after every step: each live row takes its new token (`BatchRow.take`: the text streamed to
-    its caller), then checks its own end conditions (stop strings, token limit, cancel token); and the pause of the
-    whole batch when a newcomer waits (`should_pause`).
+    """The per-row loop after every step: each live row takes its new token (`BatchRow.take`: its grammar moves on,
+    its text is streamed to its caller), then checks its own end conditions (stop strings, token limit, cancel
+    token); and the pause of the whole batch when a newcomer waits (`should_pause`).
 
     `generate` calls stopping criteria once per step with the token just appended to every row, which makes this
     the place for per-row work. Returning a per-row bool tensor lets `generate` mark just that row finished (its
@@ -195,13 +212,14 @@ def cache_argument(model: Any) -> str:
 
 def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_tokens: int = 0,
                   store: PrefixCache | None = None, should_pause: Callable[[], bool] = lambda: False,
-                  on_finished: Callable[[BatchRow], None] = lambda row: None) -> None:
+                  on_finished: Callable[[BatchRow], None] = lambda row: None,
+                  grammars: GrammarEngine | None = None) -> None:
     """Greedy generation for all `rows` at once, each starting from the longest prefix `store` holds of it.
 
     Fills each row's `new_ids` and, once it ends, its `reason`, and tells `on_finished` at once (its caller need
     not wait for the batch's longest row). When `should_pause` turns true while rows are still generating (a
     newcomer waits), the batch stops after the current step: rows left unfinished keep their KV in `store` and
-    resume in the next batch, beside the newcomer.
+    resume in the next batch, beside the newcomer. Rows with a grammar are masked by it (`grammars` compiled them).
     """
     store = store if store is not None else PrefixCache(0)
     eos = eos_ids(model, tokenizer)
@@ -220,7 +238,7 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
                   layout.input_ids.shape[1] - layout.cached)
         output = model.generate(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
                                 generation_config=config, stopping_criteria=StoppingCriteriaList([stops]),
-                                **{cache_argument(model): cache})
+                                logits_processor=_masks(rows, grammars), **{cache_argument(model): cache})
         generated = output[:, layout.input_ids.shape[1]:].tolist()
         for row in _keep_generated(rows, generated):
             on_finished(row)
@@ -285,6 +303,13 @@ def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: Prefi
             row.reused_tokens = hit.length - computed_here
             store.count(row.reused_tokens, len(row.prompt_ids) - row.reused_tokens)
         row._before, row._ended_after = len(row.new_ids), None
+
+
+def _masks(rows: list[BatchRow], grammars: GrammarEngine | None) -> LogitsProcessorList:
+    """The grammar masks, when any row of the batch has a grammar; nothing otherwise (no cost per step)."""
+    if grammars is None or not any(row.grammar is not None for row in rows):
+        return LogitsProcessorList()
+    return LogitsProcessorList([GrammarMasks(grammars, rows)])
 
 
 def _greedy_config(longest: int, min_new_tokens: int, eos: set[int], pad_id: int) -> GenerationConfig:

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from agent.errors import LLMError, ModelLoadError
+from agent.grammar import Grammar
 from agent.llm.base import LLM, MODEL_DTYPES, CancelToken, Completion, Message, TextSink
+from agent.llm.constraints import GrammarEngine
 from agent.llm.hub import hub_load_options
 from agent.llm.worker import Job, LoadedModel, ModelWorker
 
@@ -99,12 +101,14 @@ def load_options(source: ModelSource, cache_dir: Path | None) -> dict[str, Any]:
 
 
 def load_model(source: ModelSource, device_map: str, dtype_setting: str,
-               converted_dir: Path | None = None, cache_dir: Path | None = None) -> LoadedModel:
+               converted_dir: Path | None = None, cache_dir: Path | None = None,
+               native_tools: bool = False) -> LoadedModel:
     """Load tokenizer and model (on the model thread); every failure becomes one clear `ModelLoadError` line.
 
     A GGUF file is converted on its first load (tokenizer built, weights de-quantized: a minute on a small CPU)
     and, with `converted_dir`, saved there in transformers' own format, so later starts load in seconds. A hub
-    id is looked for, and downloaded, in `cache_dir`.
+    id is looked for, and downloaded, in `cache_dir`. `native_tools`: the agent will offer tools through the chat
+    template (AGENT_MODE=native), so the template must render them; that is checked before the weights load.
     """
     import torch
 
@@ -114,9 +118,10 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     converted = converted_folder(source, dtype, converted_dir)
     try:
         if converted is not None and (converted / COMPLETE_MARK).is_file():
-            tokenizer, model = _from_pretrained(ModelSource(source.setting, str(converted)), dtype, device_map)
+            tokenizer, model = _from_pretrained(ModelSource(source.setting, str(converted)), dtype, device_map,
+                                                native_tools=native_tools)
         else:
-            tokenizer, model = _from_pretrained(source, dtype, device_map, cache_dir)
+            tokenizer, model = _from_pretrained(source, dtype, device_map, cache_dir, native_tools)
             if converted is not None:
                 save_converted(model, tokenizer, converted)
     except ModelLoadError:
@@ -126,16 +131,18 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     model.eval()
     log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, model.dtype, model.device,
              time.perf_counter() - started, f" from {converted}" if converted and converted.exists() else "")
-    return LoadedModel(model, tokenizer)
+    return LoadedModel(model, tokenizer, GrammarEngine(tokenizer))
 
 
-def _from_pretrained(source: ModelSource, dtype: Any, device_map: str,
-                     cache_dir: Path | None = None) -> tuple[Any, Any]:
+def _from_pretrained(source: ModelSource, dtype: Any, device_map: str, cache_dir: Path | None = None,
+                     native_tools: bool = False) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     options = load_options(source, cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
     check_chat_template(source, tokenizer)
+    if native_tools:
+        check_renders_tools(source, tokenizer)
     model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, device_map=device_map or None,
                                                  **options)
     return tokenizer, model
@@ -197,6 +204,24 @@ def check_chat_template(source: ModelSource, tokenizer: Any) -> None:
         raise ModelLoadError(f"MODEL {source.setting}: its tokenizer has no chat template; use an instruct/chat model")
 
 
+# A tool to offer a chat template, to see whether it renders tools at all.
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool", "description": "A probe.",
+                                                "parameters": {"type": "object", "properties": {}}}}
+
+
+def check_renders_tools(source: ModelSource, tokenizer: Any) -> None:
+    """Native tool calling offers tools through the chat template: refuse a template that leaves them out.
+
+    Such a template (SmolLM2's, for one) would silently show the model no tools at all.
+    """
+    chat = [{"role": "user", "content": "Hello"}]
+    plain = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    offered = tokenizer.apply_chat_template(chat, tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True)
+    if "probe_tool" not in offered or offered == plain:
+        raise ModelLoadError(f"MODEL {source.setting}: its chat template ignores tools, so AGENT_MODE=native would "
+                             "show the model none; use AGENT_MODE=react")
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0]
@@ -209,12 +234,14 @@ class LocalLLM(LLM):
 
     def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
                  batch_wait_ms: int = 20, min_new_tokens: int = 0, converted_dir: Path | None = None,
-                 prefix_cache_mb: int = 0, base_dir: Path | None = None, cache_dir: Path | None = None):
+                 prefix_cache_mb: int = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
+                 native_tools: bool = False):
         self.model_setting = model
         self.converted_dir = converted_dir
         self.prefix_cache_mb = prefix_cache_mb
         self.base_dir = base_dir  # where a relative MODEL path is looked for (the data directory)
         self.cache_dir = cache_dir  # where hub models are downloaded to and looked for
+        self.native_tools = native_tools  # AGENT_MODE=native: the chat template must render tools
         self.device_map = device_map
         self.dtype = dtype
         self.batch_size = batch_size
@@ -228,7 +255,7 @@ class LocalLLM(LLM):
         source = resolve_model(self.model_setting, self.base_dir)
         check_dtype_setting(self.dtype)
         worker = ModelWorker(lambda: load_model(source, self.device_map, self.dtype, self.converted_dir,
-                                                self.cache_dir),
+                                                self.cache_dir, self.native_tools),
                              batch_size=self.batch_size, batch_wait=self.batch_wait_ms / 1000,
                              min_new_tokens=self.min_new_tokens, prefix_cache_bytes=self.prefix_cache_mb << 20)
         loaded = await worker.start()
@@ -251,14 +278,15 @@ class LocalLLM(LLM):
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
         on_text: TextSink | None = None,
+        grammar: Grammar | None = None,
     ) -> Completion:
-        """Queue the request for the next batch and await its row (its text streamed to `on_text` as the model
-        thread generates it); cancelling the awaiting task cancels the row."""
+        """Queue the request for the next batch and await its row (decoded under `grammar`, if given; its text
+        streamed to `on_text` as the model thread generates it); cancelling the awaiting task cancels the row."""
         if self._worker is None:
             raise LLMError("the local model is not started")
         loop = asyncio.get_running_loop()
         job = Job(list(messages), tuple(stop), max_new_tokens, list(tools) if tools else None,
-                  loop, loop.create_future(), caller_cancel=cancel, on_text=on_text)
+                  loop, loop.create_future(), grammar=grammar, caller_cancel=cancel, on_text=on_text)
         self._worker.submit(job)
         try:
             return await job.future

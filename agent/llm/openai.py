@@ -12,6 +12,12 @@ connections, honouring the server's Retry-After.
 At start-up `GET /models` tells "not running" (connection refused, no such host) from "busy" (the connection opens
 but the answer does not come: llama.cpp's Python server answers it only between generations); a busy server is
 asked again, with growing patience, for up to `startup_seconds`.
+
+With `grammar` (OPENAI_GRAMMAR) each step's grammar goes with the request, in the field the server takes: vLLM's
+structured outputs, SGLang's `ebnf`, llama.cpp's `grammar` (the latter two in llguidance's Lark, which they accept
+when served with llguidance). A server that refuses it (400 or 422 with a grammar attached) gets the same request
+again without one, and no grammar after that: the bot keeps answering, unconstrained, and says so once in the log.
+A refusal is a status, which comes before any text, so nothing of the refused attempt was streamed.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import logging
 import re
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Awaitable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -30,6 +36,7 @@ import openai
 from openai import AsyncOpenAI
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.grammar import Grammar
 from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink, ToolCall, trim_at_stop
 from agent.llm.openai_stream import StreamedReply, StreamLimits
 from agent.tokens import TokenCounter, estimate_tokens
@@ -37,6 +44,14 @@ from agent.unicode import clean_json, clean_text
 
 log = logging.getLogger(__name__)
 
+# How each server takes a grammar (agent/grammar.py) in a chat-completions request body.
+GRAMMAR_FIELDS: dict[str, Callable[[Grammar], dict[str, Any]]] = {
+    "vllm": lambda grammar: {"structured_outputs": {"grammar": grammar.lark}},
+    "sglang": lambda grammar: {"ebnf": grammar.for_llguidance_servers()},
+    "llama.cpp": lambda grammar: {"grammar": grammar.for_llguidance_servers()},
+}
+# Statuses that mean "not this request", as a server answers a grammar it does not take.
+GRAMMAR_REFUSALS = (400, 422)
 POLL_SECONDS = 0.05  # how often a waiting call looks at its CancelToken
 FIRST_PROBE_SECONDS = 5.0  # the first start-up check's patience; each later one waits twice as long
 BUSY_PAUSE_SECONDS = 1.0  # after a "busy" status (503, 429), the first pause before asking again; it doubles
@@ -61,8 +76,12 @@ class OpenAILLM(LLM):
         startup_seconds: float = 60.0,
         max_retries: int = 3,
         count_tokens: TokenCounter = estimate_tokens,
+        grammar: str = "off",
     ) -> None:
+        if grammar != "off" and grammar not in GRAMMAR_FIELDS:
+            raise ValueError(f"unknown grammar style {grammar!r}")
         self.base_url = base_url
+        self.grammar_style = grammar  # "off" once the server has refused one
         self.model = model
         self.limits = limits
         self.startup_seconds = startup_seconds
@@ -160,6 +179,7 @@ class OpenAILLM(LLM):
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
         on_text: TextSink | None = None,
+        grammar: Grammar | None = None,
     ) -> Completion:
         """One streamed chat completion; an assistant message last is continued (see `fold_assistant_prefix`)."""
         request: dict[str, Any] = {
@@ -173,8 +193,16 @@ class OpenAILLM(LLM):
             request["stop"] = list(stop)
         if tools:
             request["tools"] = list(tools)
+        if grammar is not None and self.grammar_style != "off":
+            request["extra_body"] = GRAMMAR_FIELDS[self.grammar_style](grammar)
         request = clean_json(request)  # a lone surrogate would fail the request body's UTF-8 encoding
-        reply = await self._read_stream(request, cancel, on_text)
+        try:
+            reply = await self._read_stream(request, cancel, on_text)
+        except _GrammarRefused as refused:
+            log.warning("%s; sending no grammar (OPENAI_GRAMMAR=%s) from now on", refused, self.grammar_style)
+            self.grammar_style = "off"
+            del request["extra_body"]
+            reply = await self._read_stream(request, cancel, on_text)
         return self._completion(reply, request["messages"], stop)
 
     async def _read_stream(self, request: dict[str, Any], cancel: CancelToken | None,
@@ -199,6 +227,8 @@ class OpenAILLM(LLM):
         except openai.APIConnectionError as error:
             raise LLMError(f"cannot reach the model server at {self.url}: {self._reason(error)}") from None
         except openai.APIStatusError as error:
+            if "extra_body" in request and error.status_code in GRAMMAR_REFUSALS:
+                raise _GrammarRefused(f"{self._describe_status(error)} to a request with a grammar") from None
             raise LLMError(self._describe_status(error)) from None
         except openai.OpenAIError as error:
             raise LLMError(f"model server at {self.url} failed: {self._one_line(str(error))}") from None
@@ -276,6 +306,10 @@ class _Busy:
 
     reason: str
     answered: bool
+
+
+class _GrammarRefused(LLMError):
+    """The server answered a request that carried a grammar with a refusal (it does not take that grammar)."""
 
 
 def to_chat_messages(messages: Sequence[Message]) -> list[Message]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, Union
 
 from agent.errors import LLMCancelled, LLMError
+from agent.grammar import Grammar
 from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink, trim_at_stop
 from agent.tokens import TokenCounter, estimate_tokens
 
@@ -31,6 +32,7 @@ class Request:
     stop: tuple[str, ...]
     max_new_tokens: int
     tools: list[dict[str, Any]] | None
+    grammar: Grammar | None = None
 
     @property
     def last_content(self) -> str:
@@ -93,9 +95,12 @@ class ScriptedLLM(LLM):
         tools: Sequence[dict[str, Any]] | None = None,
         cancel: CancelToken | None = None,
         on_text: TextSink | None = None,
+        grammar: Grammar | None = None,
     ) -> Completion:
-        """The next scripted reply, after `delay`; streamed to `on_text` when given."""
-        request = Request([dict(m) for m in messages], tuple(stop), max_new_tokens, list(tools) if tools else None)
+        """The next scripted reply, after `delay`; streamed to `on_text` when given. The request (grammar included)
+        is recorded; the grammar is not applied."""
+        request = Request([dict(m) for m in messages], tuple(stop), max_new_tokens, list(tools) if tools else None,
+                          grammar)
         self.requests.append(request)
         if self.delay:
             await self._sleep_unless_cancelled(cancel, self.delay)

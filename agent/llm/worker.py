@@ -4,6 +4,7 @@
     ──────────                               ────────────
     submit(Job) ──── queue.Queue ──────────▶ take every pending job (up to batch_size)
                                              one `generate` for all of them (batching.py), each row
+                                             masked by its own grammar (if its caller gave one) and
                                              ending on its own stop strings / token limit / cancel token
     job.on_text ◀─────── call_soon_threadsafe ─ each row's new text as it is generated (if its caller listens)
     await job.future ◀── call_soon_threadsafe ─ settle each job with its Completion or its error
@@ -29,8 +30,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory
+from agent.grammar import Grammar
 from agent.llm.base import CancelToken, Completion, Message, TextSink, trim_at_stop
 from agent.llm.batching import BatchRow, generate_rows, render_prompt
+from agent.llm.constraints import GrammarEngine, RowGrammar
 from agent.llm.prefix_cache import PrefixCache
 from agent.llm.text_stream import TextStream
 
@@ -41,10 +44,11 @@ _CLOSE = object()  # queue sentinel: the thread finishes its batch and exits
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """What the loader hands the model thread: the model and the tokenizer only that thread may use."""
+    """What the loader hands the model thread: the model, and the tokenizer and grammar engine only it may use."""
 
     model: Any
     tokenizer: Any
+    grammars: GrammarEngine | None = None  # None: grammars are refused (a test double)
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Job:
     tools: list[dict[str, Any]] | None
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    grammar: Grammar | None = None
     caller_cancel: CancelToken | None = None
     on_text: TextSink | None = None  # called on the event loop with each piece of new text
     own_cancel: CancelToken = field(default_factory=CancelToken)
@@ -227,7 +232,7 @@ class ModelWorker:
     def _run_batch(self, loaded: LoadedModel, resumed: list[BatchRow], jobs: list[Job]) -> None:
         """Generate for the resumed rows and every live new job in one batch; an error fails this batch's callers,
         not the thread."""
-        rows = resumed + [row for job in jobs if (row := _prepare(loaded.tokenizer, job)) is not None]
+        rows = resumed + [row for job in jobs if (row := _prepare(loaded, job)) is not None]
         if not rows:
             return
         log.debug("generating a batch of %d (longest prompt %d tokens)",
@@ -235,7 +240,7 @@ class ModelWorker:
         try:
             generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens, self.prefix_cache,
                           should_pause=lambda: self._newcomer_waits(rows),
-                          on_finished=lambda row: _settle_row(loaded.tokenizer, row))
+                          on_finished=lambda row: _settle_row(loaded.tokenizer, row), grammars=loaded.grammars)
         except torch.OutOfMemoryError:
             _free_device_memory()
             _fail(rows, LLMOutOfMemory(
@@ -254,18 +259,34 @@ class ModelWorker:
         return not self._jobs.empty() and live < self.batch_size
 
 
-def _prepare(tokenizer: Any, job: Job) -> BatchRow | None:
-    """Render and tokenize one job's chat; a job that is cancelled or cannot be rendered is settled here."""
+def _prepare(loaded: LoadedModel, job: Job) -> BatchRow | None:
+    """Render and tokenize one job's chat, compile its grammar; a job that is cancelled, cannot be rendered or
+    has a grammar that does not compile is settled here."""
     if job.cancelled:
         job.settle(error=LLMCancelled("cancelled before generation started"))
         return None
     try:
-        prompt_ids = render_prompt(tokenizer, job.messages, job.tools)
+        prompt_ids = render_prompt(loaded.tokenizer, job.messages, job.tools)
     except Exception as error:
         job.settle(error=LLMError(f"cannot apply the chat template: {error}"))
         return None
-    stream = TextStream(tokenizer, job.hand_on) if job.on_text is not None else None
-    return BatchRow(prompt_ids, job.stop, job.max_new_tokens, lambda: job.cancelled, owner=job, stream=stream)
+    try:
+        grammar = _row_grammar(loaded, job.grammar)
+    except LLMError as error:
+        log.error("%s", error)
+        job.settle(error=error)
+        return None
+    stream = TextStream(loaded.tokenizer, job.hand_on) if job.on_text is not None else None
+    return BatchRow(prompt_ids, job.stop, job.max_new_tokens, lambda: job.cancelled, owner=job, stream=stream,
+                    grammar=grammar)
+
+
+def _row_grammar(loaded: LoadedModel, grammar: Grammar | None) -> RowGrammar | None:
+    if grammar is None:
+        return None
+    if loaded.grammars is None:
+        raise LLMError("this model was loaded without a grammar engine")
+    return loaded.grammars.row(grammar)
 
 
 def _settle_row(tokenizer: Any, row: BatchRow) -> None:
