@@ -9,6 +9,7 @@ repeat, concurrency by concurrency, contender by contender) so that background n
                        its text as it is generated (--modes local local-streamed: what the streaming hook costs)
     local, grammar     (--modes local-grammar) "local" with every call decoded under the agent's step grammar
                        (agent/grammar.py; llguidance masks per row): what constrained decoding costs
+    local, int8        (--modes local-int8) "local" with MODEL_DTYPE=int8: int8 linear layers on a CPU
     raw generate       the ceiling: the same prompts through `generate_rows` directly, no agent around it
     --openai URL       our openai backend (`OpenAILLM`) against a server: llama.cpp's, vLLM, anything
 
@@ -48,7 +49,7 @@ from bench.measures import median  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODES = {"local": "local", "local-nocache": "local, no cache", "local-streamed": "local, streamed",
-         "raw": "raw generate", "local-grammar": "local, grammar"}
+         "raw": "raw generate", "local-grammar": "local, grammar", "local-int8": "local, int8"}
 # Tokens that end a llama.cpp generation besides the GGUF's eos/eot ids (llama-vocab.cpp treats these as "end of
 # generation" by their text).
 END_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|return|>", "</s>")
@@ -119,7 +120,8 @@ def specs(args: argparse.Namespace) -> list[Spec]:
                 prefix_cache_mb=args.prefix_cache_mb, converted_dir=str(args.converted_dir))
     chosen = [replace(base, kind="raw" if mode == "raw" else "local", label=MODES[mode],
                       prefix_cache_mb=0 if mode == "local-nocache" else args.prefix_cache_mb,
-                      listen=mode == "local-streamed", grammar=mode == "local-grammar")
+                      listen=mode == "local-streamed", grammar=mode == "local-grammar",
+                      dtype="int8" if mode == "local-int8" else args.dtype)
               for mode in args.modes]
     if args.openai:
         banned = tuple(args.ban_token_ids) if args.ban_token_ids is not None else end_token_ids(args.model)

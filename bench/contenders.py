@@ -268,6 +268,8 @@ def dtype_name(spec: Spec) -> str:
 
     from agent.llm.local import choose_dtype
 
+    if spec.dtype == "int8":
+        return "int8"
     on_gpu = torch.cuda.is_available() and spec.device_map not in ("", "cpu")
     return str(choose_dtype(spec.dtype, on_gpu)).removeprefix("torch.")
 

@@ -390,3 +390,16 @@ def test_native_mode_on_a_template_that_ignores_tools_stops_at_start_in_one_line
         f"qwenbot: MODEL {GGUF}: its chat template ignores tools, so AGENT_MODE=native would show the model none; "
         "use AGENT_MODE=react")
     assert "Traceback" not in done.stderr
+
+
+@real_model_test
+async def test_int8_loads_quantized_and_still_answers(caplog) -> None:
+    backend = LocalLLM(str(GGUF), device_map="cpu", dtype="int8", batch_size=8)
+    with caplog.at_level(logging.INFO, logger="agent.llm.local"):
+        await backend.start()
+    try:
+        reply = await backend.complete(FRANCE, max_new_tokens=12)
+    finally:
+        await backend.close()
+    assert "(int8 on cpu)" in caplog.text
+    assert "Paris" in reply.text and reply.completion_tokens <= 12
