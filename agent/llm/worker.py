@@ -12,9 +12,9 @@
 Nothing but this thread touches torch, the model or this tokenizer: HF fast tokenizers raise "Already borrowed"
 when one instance is used from two threads, and a blocked event loop would freeze every chat.
 
-A request that arrives during a batch waits for the next one (no continuous batching: see batching.py for why).
-ReAct calls from concurrent chats are of similar length, so little is lost, and every row still ends as soon as
-its own output does.
+A request that arrives during a batch joins at the next step when the batch has room: the batch pauses, its
+unfinished rows keep their KV in the prefix cache and go on in the next batch beside the newcomer (batching.py).
+Every caller is answered as soon as its own row ends, not when the batch does.
 """
 
 from __future__ import annotations
