@@ -11,10 +11,8 @@ import asyncio
 import logging
 import re
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
-import pytest
 import pytest_asyncio
 
 from agent.conversations import ReactConversation, TurnRules
@@ -26,26 +24,17 @@ from agent.steps import ToolRequest
 from db import open_database
 from tools import build_registry
 from tools.registry import tools_for_turn, validation_problem
+from tests.real_model import GGUF, real_model_test, started_local_llm
 
-REPO = Path(__file__).resolve().parents[1]
-GGUF = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTION = "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 COURSES = ["大模型技术实战", "机器学习实战", "深度学习实战", "AI数据分析"]
 
 
-def real_model_test(test):
-    """Mark a test as using the real model, on the module's event loop (where the shared model was started)."""
-    return pytest.mark.real_model(pytest.mark.asyncio(loop_scope="module")(test))
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def llm():
     """The offline model behind `LocalLLM`, started once for the whole module."""
-    if not GGUF.is_file():
-        pytest.fail(f"{GGUF} is missing: run scripts/fetch_assets.sh (scripts/test.sh does)")
-    backend = LocalLLM(str(GGUF), device_map="cpu", batch_size=8)
-    await backend.start()
+    backend = await started_local_llm()
     yield backend
     await backend.close()
 

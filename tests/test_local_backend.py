@@ -24,16 +24,9 @@ from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory, ModelLoadError
 from agent.llm.base import CancelToken, Completion
 from agent.llm.batching import lay_out, shared_prefix_length
 from agent.llm.local import LocalLLM
+from tests.real_model import GGUF, real_model_test, started_local_llm
 
 REPO = Path(__file__).resolve().parents[1]
-GGUF = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-
-def real_model_test(test):
-    """Mark a test as using the real model, on the module's event loop (where the shared model was started)."""
-    return pytest.mark.real_model(pytest.mark.asyncio(loop_scope="module")(test))
-
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 HAIKU = [{"role": "user", "content": "Write a haiku about the sea."}]
@@ -44,10 +37,7 @@ SKY = [{"role": "user", "content": "Why is the sky blue?"}]
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def llm():
     """The offline model behind `LocalLLM`, started once for the whole module."""
-    if not GGUF.is_file():
-        pytest.fail(f"{GGUF} is missing: run scripts/fetch_assets.sh (scripts/test.sh does)")
-    backend = LocalLLM(str(GGUF), device_map="cpu", batch_size=8)
-    await backend.start()
+    backend = await started_local_llm()
     yield backend
     await backend.close()
 

@@ -8,7 +8,6 @@ converts the GGUF into a temporary folder, the second loads that converted copy.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -17,10 +16,9 @@ import torch
 from agent.llm.local import LocalLLM, converted_folder, resolve_model
 from agent.llm.prefix_cache import PrefixCache
 from agent.prompts import SYSTEM_MESSAGE, react_prompt
+from tests.real_model import GGUF, real_model_test
 from tools.calculator import CALCULATOR
 
-REPO = Path(__file__).resolve().parents[1]
-GGUF = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 STOP = ["Observation:"]
 
 
@@ -76,11 +74,6 @@ def test_an_entry_larger_than_the_budget_is_not_kept_and_a_zero_budget_keeps_not
 
 
 # --- the real model --------------------------------------------------------------------------------------------
-
-def real_model_test(test):
-    """A test on the module's event loop, where the two backends were started."""
-    return pytest.mark.real_model(pytest.mark.asyncio(loop_scope="module")(test))
-
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def backends(tmp_path_factory):
