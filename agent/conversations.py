@@ -16,7 +16,7 @@ from typing import Any, Protocol, Sequence
 from agent.grammar import Grammar, GrammarLimits, native_grammar, react_final_grammar, react_step_grammar
 from agent.llm.base import Completion, Message
 from agent.native import native_answer_so_far, parse_native, strip_thinking
-from agent.prompts import REACT_STOP, STEP_LIMIT_NOTE, SYSTEM_MESSAGE, react_prompt
+from agent.prompts import REACT_STOP, REACT_STOPS, STEP_LIMIT_NOTE, SYSTEM_MESSAGE, react_prompt
 from agent.react import final_answer_so_far, parse_react, plain_answer_so_far, segments
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
 from tools.registry import Tool
@@ -89,7 +89,7 @@ class ReactConversation:
 
     def request(self) -> ModelRequest:
         continuing = [{"role": "assistant", "content": self.trace}] if self.trace else []
-        return ModelRequest(self.messages + continuing, (REACT_STOP,) if self.tools else (), None, self._grammar())
+        return ModelRequest(self.messages + continuing, REACT_STOPS if self.tools else (), None, self._grammar())
 
     def _grammar(self) -> Grammar | None:
         if self.limits is None:

@@ -37,6 +37,10 @@ SYSTEM_MESSAGE = (
 )
 
 REACT_STOP = "Observation:"
+# A model that starts a new "Question:" line has ended its step and begun inventing the next exchange (small
+# models do it right after their answer): the reply ends there, as at "Observation:".
+REACT_NEW_QUESTION = "\nQuestion:"
+REACT_STOPS = (REACT_STOP, REACT_NEW_QUESTION)
 
 FORMAT_REMINDER = (
     "Your reply did not follow the format. Either call a tool with\n"

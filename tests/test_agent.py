@@ -61,12 +61,20 @@ async def test_article_question_is_answered_after_one_lookup(db, registry):
     assert json.loads(observation)["课时"] == 200
 
 
+async def test_an_answer_that_runs_on_into_a_new_question_ends_at_it(db, registry):
+    rambling = "Thought: I now know the final answer\nFinal Answer: 200 节。\n\nQuestion: 机器学习实战呢？\nThought:"
+    agent, llm = make_agent(db, registry, [rambling])
+    result = await agent.run(SESSION, ARTICLE_QUESTION)
+
+    assert result.status == "answered" and result.answer == "200 节。"  # the invented exchange never reaches the user
+
+
 async def test_trace_continues_in_the_same_assistant_turn(db, registry):
     agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL])
     await agent.run(SESSION, ARTICLE_QUESTION)
 
     first, second = llm.requests
-    assert first.stop == (REACT_STOP,)
+    assert first.stop == (REACT_STOP, "\nQuestion:")
     assert first.messages[-1]["role"] == "user" and first.messages[-1]["content"].endswith(f"Question: {ARTICLE_QUESTION}")
     continued = second.messages[-1]
     assert continued["role"] == "assistant"
