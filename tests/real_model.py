@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
@@ -23,3 +26,22 @@ async def started_local_llm(**options) -> LocalLLM:
     backend = LocalLLM(str(GGUF), **{"device_map": "cpu", "batch_size": 8, **options})
     await backend.start()
     return backend
+
+
+@contextmanager
+def worker_log_watched(on_message: Callable[[str], None]) -> Iterator[None]:
+    """Call `on_message` with every message the model thread logs meanwhile, DEBUG ones included (it logs each
+    batch it starts: "generating a batch of N ...")."""
+    class Watcher(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            on_message(record.getMessage())
+
+    worker_log, watcher = logging.getLogger("agent.llm.worker"), Watcher()
+    level = worker_log.level
+    worker_log.addHandler(watcher)
+    worker_log.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        worker_log.removeHandler(watcher)
+        worker_log.setLevel(level)

@@ -8,7 +8,6 @@ schema, while a row without a grammar in the same batch is left exactly as it wo
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from contextlib import contextmanager
 from typing import Iterator
@@ -24,7 +23,7 @@ from agent.steps import ToolRequest
 from db import open_database
 from tools import build_registry
 from tools.registry import tools_for_turn, validation_problem
-from tests.real_model import GGUF, real_model_test, started_local_llm
+from tests.real_model import GGUF, real_model_test, started_local_llm, worker_log_watched
 
 QUESTION = "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -52,20 +51,12 @@ def batch_sizes() -> Iterator[list[int]]:
     """The size of every batch the model thread runs meanwhile (the worker logs each one)."""
     sizes: list[int] = []
 
-    class Watcher(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if (found := re.match(r"generating a batch of (\d+) ", record.getMessage())) is not None:
-                sizes.append(int(found.group(1)))
+    def note(message: str) -> None:
+        if (found := re.match(r"generating a batch of (\d+) ", message)) is not None:
+            sizes.append(int(found.group(1)))
 
-    worker_log, watcher = logging.getLogger("agent.llm.worker"), Watcher()
-    level = worker_log.level
-    worker_log.addHandler(watcher)
-    worker_log.setLevel(logging.DEBUG)
-    try:
+    with worker_log_watched(note):
         yield sizes
-    finally:
-        worker_log.removeHandler(watcher)
-        worker_log.setLevel(level)
 
 
 async def in_one_batch(llm: LocalLLM, *calls: dict) -> list:

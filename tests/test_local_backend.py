@@ -24,7 +24,7 @@ from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory, ModelLoadError
 from agent.llm.base import CancelToken, Completion
 from agent.llm.batching import lay_out, shared_prefix_length
 from agent.llm.local import LocalLLM
-from tests.real_model import GGUF, real_model_test, started_local_llm
+from tests.real_model import GGUF, real_model_test, started_local_llm, worker_log_watched
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,20 +60,12 @@ async def batch_started(size: int):
     """An event set when the model thread starts generating a batch of `size` (it logs that, from its thread)."""
     loop, started = asyncio.get_running_loop(), asyncio.Event()
 
-    class Watcher(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if f"generating a batch of {size} " in record.getMessage():
-                loop.call_soon_threadsafe(started.set)
+    def note(message: str) -> None:
+        if f"generating a batch of {size} " in message:
+            loop.call_soon_threadsafe(started.set)
 
-    worker_log, watcher = logging.getLogger("agent.llm.worker"), Watcher()
-    level = worker_log.level
-    worker_log.addHandler(watcher)
-    worker_log.setLevel(logging.DEBUG)
-    try:
+    with worker_log_watched(note):
         yield started
-    finally:
-        worker_log.removeHandler(watcher)
-        worker_log.setLevel(level)
 
 
 class CountingToken(CancelToken):
