@@ -250,7 +250,10 @@ class Agent:
         try:
             await self.memory.save_turn(session, replace(record, result=result, source_key=None), to_history=False)
         except Exception:
-            log.warning("could not store the failed turn", exc_info=True)
+            if self.memory.db.closed:  # shutdown closed it while this turn wound down; its update is kept unhandled
+                log.info("the failed turn was not stored: the database is closed (shutting down)")
+            else:
+                log.warning("could not store the failed turn", exc_info=True)
 
 
 def _answer_stream(conversation: Conversation, state: TurnState) -> TextSink | None:

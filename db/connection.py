@@ -32,6 +32,7 @@ class Database:
         self.path = path
         self.applied: list[str] = []
         self.file = FileWatch(path)
+        self.closed = False  # set by `close`: what is still running at shutdown can tell why a write failed
         self._write_lock = WriteLock()
 
     @asynccontextmanager
@@ -71,6 +72,7 @@ class Database:
 
     async def close(self) -> None:
         """Close the connection (idempotent)."""
+        self.closed = True
         await self.conn.close()
 
 

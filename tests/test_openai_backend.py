@@ -466,7 +466,7 @@ def test_qwenbot_ask_completes_a_react_turn_with_a_course_lookup(server, tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "大模型技术实战课程目前一共上线了200节课。"
     first, second = (request.body for request in server.chat_requests)
-    assert first["stop"] == second["stop"] == REACT_STOP
+    assert first["stop"] == second["stop"] == ["Observation:", "\nQuestion:"]  # the agent's ReAct stops
     # The second call carries the trace, with the real observation, folded into the user's message.
     assert [m["role"] for m in second["messages"]] == ["system", "user"]
     prompt = second["messages"][-1]["content"]
