@@ -128,6 +128,7 @@ class BadInputBot:
         before, sent_before = await self.tables(), len(self.server.sent_texts(chat.id))
         calls_before, errors_before = len(self.server.calls), len(self.errors.records)
         await act()
+        await self.server.settle()  # a refusal is sent off the turn's line, after its update is marked handled
         outcome = Outcome(self.server.sent_texts(chat.id)[sent_before:], list(llm.requests), before,
                           await self.tables())
         problems = [self.errors.format(r) for r in self.errors.records[errors_before:]]
