@@ -130,7 +130,7 @@ async def test_a_tool_that_hangs_is_stopped_at_its_time_limit_and_the_turn_ends(
     assert await bot.ask(CHAT, ALICE, "上海天气？") == "天气服务没有响应。"  # within `ask`'s wait, not the tool's hour
 
     assert observation_of(bot.llm.requests[1]) == "Error: weather did not finish within 0.3 seconds."
-    assert await bot.query("SELECT error, duration_ms < 60000 FROM steps WHERE kind = 'tool'") == [("timeout", 1)]
+    assert await bot.query("SELECT error FROM steps WHERE kind = 'tool'") == [("timeout",)]
 
 
 async def test_a_huge_tool_result_reaches_the_model_and_the_database_bounded(start_bot, telegram_server):
