@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -32,6 +32,14 @@ class GrammarLimits:
 
     thought_max_tokens: int = 128  # one Thought line; then the model must act or answer
     string_max_chars: int = 200  # a cap on tool-argument strings whose schema sets none
+
+    def within(self, step_tokens: int) -> "GrammarLimits":
+        """These limits for a step of at most `step_tokens` new tokens: the Thought gets half of them at most.
+
+        A step cut at the token limit before its Action Input closes cannot parse; with a Thought as long as the
+        whole budget (THOUGHT_MAX_TOKENS = MAX_NEW_TOKENS) a tiny model rambled to the cut on every step.
+        """
+        return replace(self, thought_max_tokens=max(1, min(self.thought_max_tokens, step_tokens // 2)))
 
 
 @dataclass(frozen=True)

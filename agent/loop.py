@@ -120,7 +120,8 @@ class Agent:
         tools = await tools_for_turn(await self.tool_settings.enabled_tools(session.chat_key))
         state = TurnState(tools, cancel or CancelToken(), on_event, session, user_id)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
-        rules = TurnRules(self.limits.grammar, await self._tools_required(session, question, tools))
+        grammar = self.limits.grammar.within(self.limits.max_new_tokens) if self.limits.grammar else None
+        rules = TurnRules(grammar, await self._tools_required(session, question, tools))
         conversation = start_conversation(self.limits.mode, history, question, state.tools, rules)
         # The record's result is a placeholder until the turn ends, one way or the other.
         record = TurnRecord(question, state.result("", TurnStatus.ERROR, started), started_at, self.limits.mode,

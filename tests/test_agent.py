@@ -10,6 +10,7 @@ import pytest
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.events import AnswerText, ModelCall, ToolFinished, ToolStarted
+from agent.grammar import GrammarLimits
 from agent.llm.base import CancelToken
 from agent.llm.scripted import ScriptedLLM
 from agent.loop import Agent, AgentLimits
@@ -424,6 +425,18 @@ async def test_each_step_is_decoded_under_the_grammar_of_the_enabled_tools(db, r
     # course_query offers the courses in the database, and the prompt shows them too
     assert '"enum":["大模型技术实战","机器学习实战","深度学习实战","AI数据分析"]' in first.lark
     assert "机器学习实战" in llm.requests[0].last_content
+
+
+async def test_the_thought_leaves_half_the_step_budget_for_the_action(db, registry):
+    """A step cut at MAX_NEW_TOKENS in its Thought could not parse: the Thought gets half the budget at most."""
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL], max_new_tokens=40,
+                            grammar=GrammarLimits(thought_max_tokens=128))
+    await agent.run(SESSION, ARTICLE_QUESTION)
+    assert all("thought[max_tokens=20]:" in request.grammar.lark for request in llm.requests)
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL], max_new_tokens=512,
+                            grammar=GrammarLimits(thought_max_tokens=128))
+    await agent.run(SESSION, ARTICLE_QUESTION)
+    assert all("thought[max_tokens=128]:" in request.grammar.lark for request in llm.requests)
 
 
 async def test_without_constrained_decoding_no_grammar_is_sent(db, registry):
