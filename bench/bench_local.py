@@ -34,6 +34,7 @@ import json
 import multiprocessing
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -136,7 +137,8 @@ def specs(args: argparse.Namespace) -> list[Spec]:
 
 
 def startup_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """`LocalLLM.start()` in two fresh processes sharing a fresh converted-model folder: converting, converted."""
+    """`LocalLLM.start()` in two fresh processes sharing a fresh converted-model folder: converting, converted;
+    then `qwenbot ask` started twice as a user would, on that converted copy (the second start is the one timed)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-converted-") as folder:
         for mode in ("local start: converts the GGUF", "local start: converted copy"):
@@ -150,7 +152,41 @@ def startup_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "dtype": contender.facts.get("dtype")})
             progress(f"{mode}: LocalLLM.start() {contender.facts['start_s']:.1f} s, "
                      f"process ready {contender.facts['ready_s']:.1f} s")
+        seconds = ask_ready_seconds(args, folder)
+        rows.append({key: None for key in ROW_KEYS} | {"mode": ASK_START, "chats": 0, "repeat": 0,
+                                                        "seconds": seconds, "ready_s": seconds})
+        progress(f"{ASK_START}: {seconds:.1f} s from launch to the model loaded")
     return rows
+
+
+ASK_START = "qwenbot ask: second start"
+LOADED_LINE = "agent.llm.local: loaded "  # the log line load_model writes once the model can answer
+
+
+def ask_ready_seconds(args: argparse.Namespace, converted: str) -> float:
+    """Seconds from launching `qwenbot ask` to its model being loaded, at its second start in one DATA_DIR (the
+    first creates the database); each run is stopped at that line, before its turn (the rows measure turns)."""
+    qwenbot = Path(sys.executable).with_name("qwenbot")
+    with tempfile.TemporaryDirectory(prefix="bench-ask-") as data:
+        env = os.environ | {"DATA_DIR": data, "LLM_BACKEND": "local", "MODEL": str(args.model),
+                            "MODEL_CONVERTED_DIR": converted, "MODEL_DTYPE": args.dtype,
+                            "MODEL_DEVICE_MAP": args.device_map, "LOG_LEVEL": "INFO",
+                            "TOKENIZER_VOCAB_PATH": str(ROOT / "data" / "qwen.tiktoken")}
+        return [_seconds_to_line([str(qwenbot), "ask", "--quiet", "你好"], env, LOADED_LINE) for _ in range(2)][-1]
+
+
+def _seconds_to_line(command: list[str], env: dict[str, str], wanted: str) -> float:
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, errors="replace")
+    try:
+        for line in process.stderr:
+            if wanted in line:
+                return time.perf_counter() - started
+        raise SystemExit(f"bench: {' '.join(command[:2])} exited (code {process.wait()}) before logging {wanted!r}")
+    finally:
+        process.kill()
+        process.wait()
 
 
 class Plans:
@@ -290,9 +326,11 @@ def verdicts(rows: list[dict[str, Any]], chats_levels: Sequence[int]) -> list[st
                                row["loop_lag_p99_ms"] < 20))
     lines += grammar_cost(medians, chats_levels)
     second = next((row for row in rows if row["mode"] == "local start: converted copy"), None)
-    if second:
-        lines.append(_line(f"second start: LocalLLM.start() {second['seconds']:.1f} s, process ready "
-                           f"{second['ready_s']:.1f} s (need <= 10 s)", second["ready_s"] <= 10))
+    ask = next((row for row in rows if row["mode"] == ASK_START), None)
+    if second and ask:
+        lines.append(_line(f"second start: `qwenbot ask` to the model loaded {ask['seconds']:.1f} s "
+                           f"(LocalLLM.start() {second['seconds']:.1f} s; the bench's own contender process "
+                           f"{second['ready_s']:.1f} s) (need <= 10 s)", ask["seconds"] <= 10))
     return lines
 
 

@@ -8,7 +8,11 @@ strings) and the JSON rows it prints. The fake counts characters as tokens, so 4
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
+
+import pytest
 
 from bench import bench_local
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -58,3 +62,18 @@ def test_openai_contender_rows_and_requests(capsys):
 def test_end_tokens_of_the_test_gguf_are_the_ones_llama_cpp_ends_on():
     # SmolLM2's eos is <|im_end|> (2); <|endoftext|> (0) ends a llama.cpp generation too, by its name.
     assert bench_local.end_token_ids(bench_local.DEFAULT_MODEL) == (0, 2)
+
+
+def test_a_start_is_timed_to_the_line_that_says_the_model_is_loaded():
+    """The second-start row times a real `qwenbot ask` to its "loaded" log line, and stops the process there."""
+    says_loaded = ["import sys, time; sys.stderr.write('x INFO agent.llm.local: loaded m in 0.1 s\\n'); "
+                   "sys.stderr.flush(); time.sleep(60)"]
+    seconds = bench_local._seconds_to_line([sys.executable, "-c", *says_loaded], dict(os.environ),
+                                           bench_local.LOADED_LINE)
+    assert 0 < seconds < 60  # stopped at the line, not after the minute the process would still run
+
+
+def test_a_start_that_never_loads_the_model_stops_the_bench_with_its_exit_code():
+    command = [sys.executable, "-c", "import sys; sys.stderr.write('MODEL: no such file\\n'); sys.exit(3)"]
+    with pytest.raises(SystemExit, match=r"exited \(code 3\) before logging"):
+        bench_local._seconds_to_line(command, dict(os.environ), bench_local.LOADED_LINE)

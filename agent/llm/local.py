@@ -157,10 +157,12 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     model.eval()
     if dtype_setting == "int8":
         model = quantize_int8(model)
+    grammars = GrammarEngine(tokenizer)
+    # Logged once the model can answer (bench/bench_local.py times a second start of `qwenbot ask` to this line).
     log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, "int8" if dtype_setting == "int8" else model.dtype,
              model.device, time.perf_counter() - started,
              f" from {converted}" if converted and converted.exists() else "")
-    return LoadedModel(model, tokenizer, GrammarEngine(tokenizer))
+    return LoadedModel(model, tokenizer, grammars)
 
 
 def _from_pretrained(source: ModelSource, dtype: Any, device_map: str, cache_dir: Path | None = None,
