@@ -31,12 +31,12 @@ async def started_local_llm(**options) -> LocalLLM:
 @contextmanager
 def worker_log_watched(on_message: Callable[[str], None]) -> Iterator[None]:
     """Call `on_message` with every message the model thread logs meanwhile, DEBUG ones included (it logs each
-    batch it starts: "generating a batch of N ...")."""
+    batch it starts: "generating a batch of N ...", then "batch of N: reused ..., computed K columns")."""
     class Watcher(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             on_message(record.getMessage())
 
-    worker_log, watcher = logging.getLogger("agent.llm.worker"), Watcher()
+    worker_log, watcher = logging.getLogger("agent.llm"), Watcher()
     level = worker_log.level
     worker_log.addHandler(watcher)
     worker_log.setLevel(logging.DEBUG)

@@ -16,7 +16,7 @@ import torch
 from agent.llm.local import LocalLLM, converted_folder, resolve_model
 from agent.llm.prefix_cache import PrefixCache
 from agent.prompts import SYSTEM_MESSAGE, react_prompt
-from tests.real_model import GGUF, real_model_test
+from tests.real_model import GGUF, real_model_test, worker_log_watched
 from tools.calculator import CALCULATOR
 
 STOP = ["Observation:"]
@@ -168,3 +168,24 @@ async def test_a_newcomer_joins_a_running_generation_instead_of_waiting_for_its_
     assert not long.done()  # answered while the long one still generates
     story = await long
     assert story.completion_tokens > 100 and story.text.strip()
+
+
+@real_model_test
+async def test_a_newcomer_is_prefilled_alone_and_both_rows_answer_as_they_would_alone(backends) -> None:
+    """A newcomer's own tokens are computed on their own before it joins, not once per row of the batch: the
+    joined batch computes one column. Neither its answer nor the running row's text changes for it."""
+    plain, cached, _ = backends
+    story, question = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], \
+        react_turn("What is 6 * 7? Answer in one word.")
+    story_alone = await plain.complete(story, max_new_tokens=48)
+    answer_alone = await plain.complete(question, stop=STOP, max_new_tokens=12)
+    logged: list[str] = []
+    with worker_log_watched(logged.append):
+        running = asyncio.create_task(cached.complete(story, max_new_tokens=48))
+        while not any(message.startswith("batch of 1:") for message in logged):
+            await asyncio.sleep(0.01)  # until the story is being generated
+        answer = await cached.complete(question, stop=STOP, max_new_tokens=12)
+        story_joined = await running
+    assert answer.text == answer_alone.text and story_joined.text == story_alone.text
+    joined = [message for message in logged if message.startswith("batch of 2:")]
+    assert joined and joined[0].endswith("computed 1 columns"), logged

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 # Below this many shared tokens, computing the prefix separately is not worth a second forward pass.
 MIN_SHARED_PREFIX = 32
+# A newcomer joining resumed rows is prefilled alone when it has at least this many tokens of its own to compute.
+MIN_ALONE = 8
 
 
 @dataclass
@@ -228,6 +230,8 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
     config = _greedy_config(longest, min_new_tokens, eos, pad_id)
     with torch.inference_mode():
         hits, fresh = reusable_prefixes(model, [row.context_ids for row in rows], store)
+        if any(row.new_ids for row in rows):
+            prefill_newcomers_alone(model, rows, hits, fresh, store)
         layout = lay_out([row.context_ids for row in rows], [hit.length for hit in hits], pad_id, model.device)
         cache = batch_cache(model, hits, layout)
         # Pausing needs the store: a paused row resumes from the KV kept there.
@@ -265,6 +269,23 @@ def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixCache)
             fresh[next(i for i, hit in enumerate(hits) if hit.length < shared)] = shared - base.length
         hits = [hit if hit.length >= shared else common for hit in hits]
     return hits, fresh
+
+
+def prefill_newcomers_alone(model: Any, rows: list[BatchRow], hits: list[Hit], fresh: list[int],
+                            store: PrefixCache) -> None:
+    """Compute the prompt of each row new to a batch of resumed rows on its own, up to its last token.
+
+    A batch computes as many columns for every row as its longest own part: a newcomer's question and history
+    (often 100-200 tokens past the cached tools prompt) would be computed for each resumed row too, which needs
+    one token. Alone, they are computed once, and the joined batch starts with one column per row.
+    """
+    for index, row in enumerate(rows):
+        context, hit = row.context_ids, hits[index]
+        if row.new_ids or len(context) - 1 - hit.length < MIN_ALONE:
+            continue
+        hits[index] = extend_prefix(model, context[:-1], hit)
+        store.put(context[:-1], hits[index].layers())
+        fresh[index] += len(context) - 1 - hit.length
 
 
 def extend_prefix(model: Any, tokens: list[int], base: Hit) -> Hit:
