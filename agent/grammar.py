@@ -34,12 +34,17 @@ class GrammarLimits:
     string_max_chars: int = 200  # a cap on tool-argument strings whose schema sets none
 
     def within(self, step_tokens: int) -> "GrammarLimits":
-        """These limits for a step of at most `step_tokens` new tokens: the Thought gets half of them at most.
+        """These limits for a step of at most `step_tokens` new tokens, so that a step always ends inside them.
 
-        A step cut at the token limit before its Action Input closes cannot parse; with a Thought as long as the
-        whole budget (THOUGHT_MAX_TOKENS = MAX_NEW_TOKENS) a tiny model rambled to the cut on every step.
+        A step cut at the token limit cannot parse (cut in its Thought) or call its tool (cut in its JSON). The
+        Thought gets a quarter of the budget at most; each free-text argument at most a third of what is left
+        after ~32 tokens of `Action:`, tool name and JSON syntax (a character can take 3 tokens: CJK in a
+        byte-level vocabulary). With MAX_NEW_TOKENS=128 and THOUGHT_MAX_TOKENS=128, a tiny model rambled in its
+        Thought to the cut on a third of its steps.
         """
-        return replace(self, thought_max_tokens=max(1, min(self.thought_max_tokens, step_tokens // 2)))
+        thought = max(1, min(self.thought_max_tokens, step_tokens // 4))
+        strings = max(8, min(self.string_max_chars, (step_tokens - thought - _ACTION_TOKENS) // 3))
+        return replace(self, thought_max_tokens=thought, string_max_chars=strings)
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ def react_step_grammar(tools: Sequence["Tool"], *, continuing: bool, tool_requir
     branches = "action" if tool_required else "action | final"
     lines = [
         f"start: {opening} thought \"\\n\" ({branches})",
-        f"thought[max_tokens={limits.thought_max_tokens}]: /[^\\n]+/",
+        f"thought[max_tokens={limits.thought_max_tokens}]: {_THOUGHT}",
         "action: " + " | ".join(f"call_{index}" for index in range(len(tools))),
         *(_react_call(index, tool, limits) for index, tool in enumerate(tools)),
         *([] if tool_required else ['final: "Final Answer: " ANSWER', _ANSWER]),
@@ -88,7 +93,7 @@ def native_grammar(tools: Sequence["Tool"], *, tool_required: bool = False,
     """
     if not tools:
         raise ValueError("a native tool-call grammar needs at least one tool")
-    calls = {"anyOf": [_native_call_schema(tool, limits) for tool in tools]}
+    calls = _COMPACT_JSON | {"anyOf": [_native_call_schema(tool, limits) for tool in tools]}
     lines = [
         "start: think? calls" if tool_required else "start: think? (TEXT | calls)",
         'think[lazy]: "<think>" /(.|\\n)*<\\/think>\\n*/',
@@ -101,8 +106,9 @@ def native_grammar(tools: Sequence["Tool"], *, tool_required: bool = False,
 
 
 def capped_schema(schema: dict[str, Any], max_chars: int) -> dict[str, Any]:
-    """A copy of `schema` in which every free-text string (no length, enum, const or pattern of its own) gets
-    `maxLength: max_chars`, so a rambling model cannot fill the whole token budget with one argument."""
+    """A copy of `schema` in which every free-text string (no enum, const, pattern or format) is at most
+    `max_chars` long (a shorter `maxLength` of its own stays), so a rambling model cannot fill the whole token
+    budget with one argument."""
     capped = copy.deepcopy(schema)
     _cap_strings(capped, max_chars)
     return capped
@@ -110,15 +116,23 @@ def capped_schema(schema: dict[str, Any], max_chars: int) -> dict[str, Any]:
 
 # ── helpers ──────────────────────────────────────────────────────────────────────────────────────────────────────
 
-# The answer is free text to the end of the reply (EOS); MAX_NEW_TOKENS bounds it.
-_ANSWER = "ANSWER: /(.|\\n)+/"
-_FREE_TEXT_BOUNDS = ("maxLength", "enum", "const", "pattern", "format")
+# Room for `\nAction: <tool>\nAction Input: ` and the JSON's own syntax, in tokens (GrammarLimits.within).
+_ACTION_TOKENS = 32
+# A Thought is one line, and never holds "Observation:": the reply's stop string would cut the step there.
+_THOUGHT = "/[^\\n]+/ & ~/(?s:.*)Observation:(?s:.*)/"
+# The answer is free text to the end of the reply (EOS); MAX_NEW_TOKENS bounds it. It starts with a visible
+# character (a blank answer is no answer) and not with a stop string (that would leave it empty).
+_ANSWER = "ANSWER: /[^ \\t\\r\\n](.|\\n)*/ & ~/(Observation:|Question:)(?s:.*)/"
+# Tool arguments as compact one-line JSON, `{"key": "value", "n": 1}` as in Qwen's examples: JSON's free
+# whitespace let a tiny model fill its whole step with newlines inside `{}`.
+_COMPACT_JSON = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+_FIXED_TEXT = ("enum", "const", "pattern", "format")
 
 
 def _react_call(index: int, tool: "Tool", limits: GrammarLimits) -> str:
     head = json.dumps(f"{tool.name}\nAction Input: ", ensure_ascii=False)
     return (f'call_{index}: "Action: " {head} args_{index} "\\n"\n'
-            f"args_{index}: %json {_json(capped_schema(tool.parameters, limits.string_max_chars))}")
+            f"args_{index}: %json {_json(_COMPACT_JSON | capped_schema(tool.parameters, limits.string_max_chars))}")
 
 
 def _native_call_schema(tool: "Tool", limits: GrammarLimits) -> dict[str, Any]:
@@ -142,7 +156,7 @@ def _cap_strings(node: Any, max_chars: int) -> None:
         return
     kinds = node.get("type")
     is_string = kinds == "string" or (isinstance(kinds, list) and "string" in kinds)
-    if is_string and not any(key in node for key in _FREE_TEXT_BOUNDS):
-        node["maxLength"] = max_chars
+    if is_string and not any(key in node for key in _FIXED_TEXT):
+        node["maxLength"] = min(node.get("maxLength", max_chars), max_chars)
     for value in node.values():
         _cap_strings(value, max_chars)

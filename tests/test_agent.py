@@ -427,12 +427,15 @@ async def test_each_step_is_decoded_under_the_grammar_of_the_enabled_tools(db, r
     assert "机器学习实战" in llm.requests[0].last_content
 
 
-async def test_the_thought_leaves_half_the_step_budget_for_the_action(db, registry):
-    """A step cut at MAX_NEW_TOKENS in its Thought could not parse: the Thought gets half the budget at most."""
-    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL], max_new_tokens=40,
-                            grammar=GrammarLimits(thought_max_tokens=128))
+async def test_the_thought_and_the_arguments_fit_in_the_step_budget(db, registry):
+    """A step cut at MAX_NEW_TOKENS could not parse (in its Thought) or call its tool (in its JSON): the Thought
+    gets a quarter of the budget at most, free-text arguments a third of what is left after the action's syntax."""
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL], max_new_tokens=128,
+                            grammar=GrammarLimits(thought_max_tokens=128, string_max_chars=200))
     await agent.run(SESSION, ARTICLE_QUESTION)
-    assert all("thought[max_tokens=20]:" in request.grammar.lark for request in llm.requests)
+    assert all("thought[max_tokens=32]:" in request.grammar.lark for request in llm.requests)
+    assert all('"expression":{"type":"string","minLength":1,"maxLength":21' in request.grammar.lark
+               for request in llm.requests)  # the calculator's own 200 lowered to (128 - 32 - 32) // 3
     agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL], max_new_tokens=512,
                             grammar=GrammarLimits(thought_max_tokens=128))
     await agent.run(SESSION, ARTICLE_QUESTION)

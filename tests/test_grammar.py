@@ -106,6 +106,26 @@ def test_the_thought_is_one_line_of_bounded_length(engine, tokenizer, tools):
     assert not accepts(engine, tokenizer, grammar, "Thought: line one\nline two\nFinal Answer: 1")
 
 
+def test_a_thought_cannot_hold_the_stop_string_and_an_answer_cannot_be_blank(engine, tokenizer, tools):
+    """Either would leave a step that does not parse: the reply is cut at "Observation:", and a blank Final Answer
+    is no answer."""
+    grammar = react_step_grammar(tools, continuing=False)
+    assert not accepts(engine, tokenizer, grammar, "Thought: x Observation: y\nFinal Answer: 1")
+    assert not accepts(engine, tokenizer, grammar, "Thought: x\nFinal Answer: \n")
+    assert not accepts(engine, tokenizer, grammar, "Thought: x\nFinal Answer: Observation: 1")
+    assert accepts(engine, tokenizer, grammar, "Thought: x\nFinal Answer: 1\n\n(from the course table)")
+
+
+def test_tool_arguments_are_compact_json(engine, tokenizer, tools):
+    """JSON's free whitespace let a tiny model fill its step with newlines inside `{}`: one line, Qwen's spacing."""
+    grammar = react_step_grammar(tools, continuing=False)
+    assert accepts(engine, tokenizer, grammar, 'Thought: x\nAction: course_list\nAction Input: {}\n')
+    assert accepts(engine, tokenizer, grammar, step("course_query", {"course_name": "AI数据分析"}))
+    assert not accepts(engine, tokenizer, grammar, 'Thought: x\nAction: course_list\nAction Input: {\n \n}\n')
+    assert not accepts(engine, tokenizer, grammar,
+                       'Thought: x\nAction: course_query\nAction Input: {"course_name":"AI数据分析"}\n')
+
+
 def test_the_answer_after_a_final_request_is_free_text(engine, tokenizer):
     assert accepts(engine, tokenizer, react_final_grammar(), " 一共200节。")
     assert not accepts(engine, tokenizer, react_final_grammar(), "")
@@ -125,10 +145,12 @@ def test_native_replies_are_text_or_valid_tool_calls(engine, tokenizer, tools):
 def test_free_text_strings_get_a_length_cap_and_bounded_ones_keep_theirs():
     schema = {"type": "object", "properties": {
         "free": {"type": "string"}, "short": {"type": "string", "maxLength": 5},
+        "long": {"type": "string", "maxLength": 500},
         "choice": {"type": "string", "enum": ["a"]}, "items": {"type": "array", "items": {"type": "string"}}}}
     capped = capped_schema(schema, 50)
     assert capped["properties"]["free"]["maxLength"] == 50
     assert capped["properties"]["short"]["maxLength"] == 5
+    assert capped["properties"]["long"]["maxLength"] == 50
     assert "maxLength" not in capped["properties"]["choice"]
     assert capped["properties"]["items"]["items"]["maxLength"] == 50
     assert "maxLength" not in schema["properties"]["free"]  # the tool's own schema is left alone
