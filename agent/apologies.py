@@ -47,3 +47,8 @@ def apology(reason: str, lang: str) -> str:
     """The apology for `reason` (a key of APOLOGIES: steps, format, error, timeout, busy, bug) in `lang`."""
     variants = APOLOGIES[reason]
     return variants.get(lang, variants["en"])
+
+
+def is_apology(text: str) -> bool:
+    """Whether `text` is one of these apologies, in any language: a turn that did not answer."""
+    return any(text == variant for variants in APOLOGIES.values() for variant in variants.values())

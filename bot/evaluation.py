@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from agent.apologies import is_apology
 from agent.errors import LLMError, LLMTimeout
 from agent.loop import Agent
 from agent.memory import Session
@@ -184,7 +185,8 @@ async def run_case(agent: Agent, case: EvalCase, session_id: str) -> CaseResult:
         outcome.answer, outcome.model_calls = turn.answer, turn.model_calls
         outcome.steps = [{"kind": s.kind, "action": s.action, "action_input": s.action_input, "error": s.error}
                          for s in turn.steps]
-        outcome.passed = case.accepts(turn.answer)
+        # An apology is no answer, even when it happens to hold an expected word ("could not" for "not ").
+        outcome.passed = not is_apology(turn.answer) and case.accepts(turn.answer)
         outcome.failure = None if outcome.passed else classify(turn)
     outcome.seconds = time.perf_counter() - started
     return outcome

@@ -142,3 +142,17 @@ def test_qwenbot_eval_with_a_bad_file_fails_in_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("qwenbot: ") and "line 1" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_an_apology_never_passes_even_when_it_holds_an_expected_word(db, registry):
+    """The unknown-course questions accept "not "; the format apology says "could not": it is still no answer."""
+    cases = [EvalCase("rambling: How many lessons does the Rust course have?", expect_any=("not ",)),
+             EvalCase("right: Does the Rust course exist?", expect_any=("not ", "lessons"))]
+    agent = Agent(ScriptedLLM([scripted_model] * 10), registry, ToolSettings(db, registry), Memory(db))
+
+    report = await evaluate(agent, cases)
+
+    rambling, right = report.results
+    assert rambling.answer.startswith("Sorry, I could not") and not rambling.passed
+    assert rambling.failure == "format"
+    assert right.passed
