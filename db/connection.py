@@ -39,17 +39,28 @@ class Database:
     async def transaction(self, *, urgent: bool = False) -> AsyncIterator[aiosqlite.Connection]:
         """Run the block's statements as one transaction: all of them commit, or none (`urgent`: go first)."""
         async with self._write_lock.hold(urgent):
-            # IMMEDIATE takes the write lock now, so a busy database makes us wait here (busy_timeout),
-            # not fail half-way through the block.
-            await self._execute_or_busy("BEGIN IMMEDIATE")
             try:
+                # IMMEDIATE takes the write lock now, so a busy database makes us wait here (busy_timeout),
+                # not fail half-way through the block.
+                await self._execute_or_busy("BEGIN IMMEDIATE")
                 yield self.conn
                 self.file.check()  # a commit to a deleted file would be lost: roll back and say so instead
                 await self._execute_or_busy("COMMIT")
             except BaseException:
-                if self.conn.in_transaction:
-                    await self.conn.execute("ROLLBACK")
+                await self._roll_back()
                 raise
+
+    async def _roll_back(self) -> None:
+        """End the transaction, whatever state the connection is in.
+
+        A statement whose await was cancelled (shutdown cancels the turns still writing) still runs on aiosqlite's
+        thread, in order: its BEGIN may still be queued, so `in_transaction` cannot tell. A ROLLBACK queued after it
+        always ends it, before the next writer's BEGIN; with no transaction left it fails, harmlessly.
+        """
+        try:
+            await self.conn.execute("ROLLBACK")
+        except (sqlite3.OperationalError, ValueError):
+            pass  # no transaction was active (it never began, or it committed), or the connection is closed
 
     async def _execute_or_busy(self, sql: str) -> None:
         """Run `sql`; another process's lock held past the busy timeout becomes a `DatabaseBusy`."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -72,3 +73,25 @@ async def test_turn_fails_clearly_when_the_lock_outlasts_the_busy_timeout(tmp_pa
     assert result.answer == "又好了"
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT content FROM messages ORDER BY id").fetchall() == [("再试",), ("又好了",)]
+
+
+async def test_a_writer_cancelled_while_its_transaction_begins_leaves_none_open_for_the_next(tmp_path):
+    """Shutdown cancels turns mid-write: a cancelled BEGIN still runs on the database's thread. The next writer
+    (the cancelled turn storing its failure) must still get a transaction of its own, and nothing half-done."""
+    db = await open_database(tmp_path / "bot.sqlite3")
+
+    async def write(action: str) -> None:
+        async with db.transaction() as conn:
+            await conn.execute("INSERT INTO audit_log (action) VALUES (?)", (action,))
+
+    cancelled = asyncio.create_task(write("cancelled"))
+    await asyncio.sleep(0)  # it is waiting for its BEGIN now
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await write("next")
+
+    rows = await db.fetchall("SELECT action FROM audit_log WHERE action IN ('cancelled', 'next')")
+    assert [row[0] for row in rows] == ["next"]
+    assert not db.conn.in_transaction
+    await db.close()
