@@ -189,3 +189,26 @@ async def test_a_newcomer_is_prefilled_alone_and_both_rows_answer_as_they_would_
     assert answer.text == answer_alone.text and story_joined.text == story_alone.text
     joined = [message for message in logged if message.startswith("batch of 2:")]
     assert joined and joined[0].endswith("computed 1 columns"), logged
+
+
+@real_model_test
+async def test_a_paused_row_resumes_from_its_own_kv_even_when_the_store_cannot_keep_it(backends) -> None:
+    """A paused row is live work: its KV stays with it, not in the bounded store, whose LRU would drop it under a
+    full batch and make the next batch recompute its whole prompt. With a store too small for any row, the newcomer
+    still joins and the resumed row computes only its last token."""
+    plain, cached, _ = backends
+    store = cached._worker.prefix_cache = PrefixCache(budget_bytes=1024)  # less than one token's KV in 30 layers
+    story, question = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], \
+        [{"role": "user", "content": "Say hi."}]
+    story_alone = await plain.complete(story, max_new_tokens=48)
+    logged: list[str] = []
+    with worker_log_watched(logged.append):
+        running = asyncio.create_task(cached.complete(story, max_new_tokens=48))
+        while not any(message.startswith("batch of 1:") for message in logged):
+            await asyncio.sleep(0.01)  # until the story is being generated
+        hi = await cached.complete(question, max_new_tokens=4)
+        story_joined = await running
+    assert hi.completion_tokens == 4 and story_joined.text == story_alone.text
+    joined = [message for message in logged if message.startswith("batch of 2:")]
+    assert joined and joined[0].endswith("computed 1 columns"), logged
+    assert len(store) == 0  # the store kept nothing: the story resumed from the KV it held itself

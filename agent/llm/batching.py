@@ -13,8 +13,10 @@ Runs on the model thread only (see `worker.py`). The choices here, measured on 2
   attention mask hides the padding and `generate` derives positions from the mask, so each row's tokens continue
   at the right position.
 - Continuous batching, the simple way: when a newcomer waits and the batch has room, the batch pauses after the
-  current step, its unfinished rows keep their KV in the store, and the next batch takes them with the newcomer.
-  A row's caller is answered the moment the row ends, not when the batch does.
+  current step, its unfinished rows keep their KV (on the row itself, not in the store: a paused row is live work,
+  and an LRU store under a full batch would evict it and make the next batch recompute whole prompts), and the
+  next batch takes them with the newcomer. A row's caller is answered the moment the row ends, not when the batch
+  does.
 - A row may be decoded under a grammar (agent/grammar.py): a logits processor masks each constrained row by its
   own matcher before every token (constraints.py), and `RowStops` feeds each row the token it took. The matcher
   belongs to the row, so a paused row resumes where its grammar left it; it sees generated tokens only, so a
@@ -65,6 +67,7 @@ class BatchRow:
     grammar: RowGrammar | None = None  # the grammar this row is decoded under, if its caller gave one
     reason: str = ""  # "stop", "length" or "cancelled"; empty while it is still generating (or paused)
     new_ids: list[int] = field(default_factory=list)
+    paused_kv: Hit | None = None  # while paused: the KV of its context up to its last token, which it resumes from
     reused_tokens: int = 0  # prompt tokens taken from the prefix cache rather than computed
     # Within the current batch: the tokens it had before it, and how many of this batch's belong to it.
     _before: int = 0
@@ -220,8 +223,8 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
 
     Fills each row's `new_ids` and, once it ends, its `reason`, and tells `on_finished` at once (its caller need
     not wait for the batch's longest row). When `should_pause` turns true while rows are still generating (a
-    newcomer waits), the batch stops after the current step: rows left unfinished keep their KV in `store` and
-    resume in the next batch, beside the newcomer. Rows with a grammar are masked by it (`grammars` compiled them).
+    newcomer waits), the batch stops after the current step: rows left unfinished keep their KV (`paused_kv`) and
+    resume from it in the next batch, beside the newcomer. Rows with a grammar are masked by it (`grammars` compiled them).
     """
     store = store if store is not None else PrefixCache(0)
     eos = eos_ids(model, tokenizer)
@@ -229,12 +232,13 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
     longest = max(row.max_new_tokens - len(row.new_ids) for row in rows)
     config = _greedy_config(longest, min_new_tokens, eos, pad_id)
     with torch.inference_mode():
-        hits, fresh = reusable_prefixes(model, [row.context_ids for row in rows], store)
+        hits, fresh = reusable_prefixes(model, [row.context_ids for row in rows], store,
+                                        held=[row.paused_kv for row in rows])
         if any(row.new_ids for row in rows):
             prefill_newcomers_alone(model, rows, hits, fresh, store)
         layout = lay_out([row.context_ids for row in rows], [hit.length for hit in hits], pad_id, model.device)
         cache = batch_cache(model, hits, layout)
-        # Pausing needs the store: a paused row resumes from the KV kept there.
+        # Without a store (PREFIX_CACHE_MB=0) a batch runs to its end: the plain mode, one `generate` per batch.
         stops = RowStops(rows, layout.input_ids.shape[1], tokenizer, eos,
                          should_pause if store.budget_bytes else (lambda: False), on_finished)
         _begin(rows, hits, fresh, store)
@@ -249,14 +253,17 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
         _store_rows(rows, layout, cache, store, steps=len(generated[0]) if generated else 0)
 
 
-def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixCache) -> tuple[list[Hit], list[int]]:
-    """For each row, the longest prefix whose KV is known; the prefix every row of the batch shares is computed
-    once here (from what the store knows of it) when that reaches further, so no row computes it again.
+def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixCache,
+                      held: Sequence[Hit | None] = ()) -> tuple[list[Hit], list[int]]:
+    """For each row, the longest prefix whose KV is known (`held` by the row itself when it was paused, else
+    found in the store); the prefix every row of the batch shares is computed once here (from what the store
+    knows of it) when that reaches further, so no row computes it again.
 
     Also returns, per row, how many tokens of its prefix were computed here rather than found in the store: the
     shared prefix's new tokens count once, for the first row that takes it; the other rows did reuse them.
     """
-    hits = [store.longest(context) for context in contexts]
+    held = list(held) + [None] * (len(contexts) - len(held))
+    hits = [own or store.longest(context) for context, own in zip(contexts, held)]
     fresh = [0] * len(contexts)
     shared = shared_prefix_length(contexts)
     if shared and min(hit.length for hit in hits) < shared:
@@ -324,6 +331,7 @@ def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: Prefi
             row.reused_tokens = hit.length - computed_here
             store.count(row.reused_tokens, len(row.prompt_ids) - row.reused_tokens)
         row._before, row._ended_after = len(row.new_ids), None
+        row.paused_kv = None  # the batch's cache holds it now
 
 
 def _masks(rows: list[BatchRow], grammars: GrammarEngine | None) -> LogitsProcessorList:
@@ -357,11 +365,12 @@ def _keep_generated(rows: list[BatchRow], generated: list[list[int]]) -> list[Ba
 
 def _store_rows(rows: list[BatchRow], layout: BatchLayout, cache: DynamicCache, store: PrefixCache,
                 steps: int) -> None:
-    """Keep each row's KV, its whole sequence so far, for its next call (or its next batch, when paused)."""
-    if not store.budget_bytes:
-        return
+    """Keep each row's KV, its whole sequence so far: a finished row's in the store, for its chat's next call; a
+    paused row's on the row, for its next batch (whatever the store's budget)."""
     width = layout.input_ids.shape[1]
     for index, row in enumerate(rows):
+        if row.finished and not store.budget_bytes:
+            continue
         before = len(row.prompt_ids) + row._before  # the row's tokens when this batch began
         # The batch's last generated token was never fed back, so its KV is not in the cache.
         new_here = min(len(row.new_ids) - row._before, max(steps - 1, 0))
@@ -369,7 +378,11 @@ def _store_rows(rows: list[BatchRow], layout: BatchLayout, cache: DynamicCache, 
         layers = [(layer.keys[index:index + 1].index_select(2, columns.to(layer.keys.device)),
                    layer.values[index:index + 1].index_select(2, columns.to(layer.values.device)))
                   for layer in cache.layers]
-        store.put(row.context_ids[: before + new_here], layers)
+        tokens = row.context_ids[: before + new_here]
+        if row.finished:
+            store.put(tokens, layers)
+        else:
+            row.paused_kv = Hit(CachedPrefix(torch.tensor(tokens, dtype=torch.long), layers), len(tokens))
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:
