@@ -13,8 +13,10 @@ import pytest
 import pytest_asyncio
 import torch
 
-from agent.llm.local import LocalLLM, converted_folder, resolve_model
-from agent.llm.prefix_cache import PrefixCache
+from agent.llm.batch_kv import batch_cache
+from agent.llm.batching import cache_argument, lay_out
+from agent.llm.local import LocalLLM, converted_folder, load_model, resolve_model
+from agent.llm.prefix_cache import Hit, PrefixCache
 from agent.prompts import SYSTEM_MESSAGE, react_prompt
 from tests.real_model import GGUF, real_model_test, worker_log_watched
 from tools.calculator import CALCULATOR
@@ -212,3 +214,23 @@ async def test_a_paused_row_resumes_from_its_own_kv_even_when_the_store_cannot_k
     joined = [message for message in logged if message.startswith("batch of 2:")]
     assert joined and joined[0].endswith("computed 1 columns"), logged
     assert len(store) == 0  # the store kept nothing: the story resumed from the KV it held itself
+
+
+@real_model_test
+async def test_generate_through_the_batch_cache_writes_the_tokens_transformers_own_cache_writes(backends) -> None:
+    """The batch's roomy cache (batch_kv.py) against transformers' default one, on three prompts of different
+    lengths (so with padding)."""
+    _, _, converted = backends
+    loaded = load_model(resolve_model(str(GGUF)), "cpu", "float32", converted_dir=converted)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    prompts = [tokenizer(text)["input_ids"] for text in ("The capital of France is", "One, two, three, four,",
+                                                         "A haiku about the sea:")]
+    layout = lay_out(prompts, [0, 0, 0], tokenizer.pad_token_id or 0, model.device)
+    options = dict(input_ids=layout.input_ids, attention_mask=layout.attention_mask, max_new_tokens=12,
+                   do_sample=False, pad_token_id=tokenizer.pad_token_id or 0)
+    with torch.inference_mode():
+        plain = model.generate(**options)
+        room = batch_cache(model, [Hit(None, 0)] * 3, 0, layout.input_ids.shape[1], 12)
+        roomy = model.generate(**options, **{cache_argument(model): room})
+    assert torch.equal(plain, roomy)
+    assert room.layers[0].length == layout.input_ids.shape[1] + 11  # generate wrote into it (the last token is not fed)

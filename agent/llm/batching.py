@@ -35,6 +35,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from agent.llm.base import Message
+from agent.llm.batch_kv import batch_cache
 from agent.llm.constraints import GrammarEngine, GrammarMasks, RowGrammar
 from agent.llm.prefix_cache import CachedPrefix, Hit, PrefixCache
 from agent.llm.text_stream import TextStream
@@ -237,7 +238,7 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
         if any(row.new_ids for row in rows):
             prefill_newcomers_alone(model, rows, hits, fresh, store)
         layout = lay_out([row.context_ids for row in rows], [hit.length for hit in hits], pad_id, model.device)
-        cache = batch_cache(model, hits, layout)
+        cache = batch_cache(model, hits, layout.cached, layout.input_ids.shape[1], longest)
         # Without a store (PREFIX_CACHE_MB=0) a batch runs to its end: the plain mode, one `generate` per batch.
         stops = RowStops(rows, layout.input_ids.shape[1], tokenizer, eos,
                          should_pause if store.budget_bytes else (lambda: False), on_finished)
@@ -304,25 +305,6 @@ def extend_prefix(model: Any, tokens: list[int], base: Hit) -> Hit:
           **{cache_argument(model): cache})
     layers = [(layer.keys, layer.values) for layer in cache.layers]
     return Hit(CachedPrefix(torch.tensor(tokens, dtype=torch.long), layers), len(tokens))
-
-
-def batch_cache(model: Any, hits: list[Hit], layout: BatchLayout) -> DynamicCache:
-    """One KV cache for the batch: each row's reused prefix in the first columns, zeros (masked) after it."""
-    if not layout.cached:
-        return DynamicCache(config=model.config)
-    donor = next(hit for hit in hits if hit.length).layers()
-    layers = []
-    for index in range(len(donor)):
-        keys, values = donor[index]
-        shape = (len(hits), keys.shape[1], layout.cached, keys.shape[3])
-        batch_keys, batch_values = keys.new_zeros(shape), values.new_zeros(shape)
-        for row, hit in enumerate(hits):
-            if hit.length:
-                own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
-                batch_keys[row, :, : hit.length] = own_keys[0, :, : hit.length]
-                batch_values[row, :, : hit.length] = own_values[0, :, : hit.length]
-        layers.append((batch_keys, batch_values))
-    return DynamicCache(ddp_cache_data=layers, config=model.config)
 
 
 def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: PrefixCache) -> None:

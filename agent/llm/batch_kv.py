@@ -1,0 +1,93 @@
+"""The KV cache of one batch: room for the whole generation allocated once, every step written into it in place.
+
+transformers' `DynamicLayer` concatenates each step's keys and values onto the whole cache, so a step copies every
+row's full KV (and allocates it anew). With the long ReAct prompts of this bot that copy is what a batch spends its
+time on: 11 rows of ~1,400 tokens move ~700 MB a step on SmolLM2-135M, a third of the model thread's time in the
+eval's profile, and the same again when a paused batch was rebuilt. A batch knows its width and its longest row's
+token limit before it starts, so its room is known too.
+
+Runs on the model thread only (see `worker.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from agent.llm.prefix_cache import Hit
+
+
+class RoomyLayer(DynamicLayer):
+    """One layer's KV for a batch, in tensors with room for `room` columns; `keys`/`values` are views of the
+    columns filled so far, as `DynamicLayer` would hold them."""
+
+    def __init__(self, room: int):
+        super().__init__()
+        self.room = room
+        self.length = 0  # columns filled
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.open(key_states.shape[0], key_states.shape[1], key_states.shape[3], key_states)
+
+    def open(self, batch: int, heads: int, head_dim: int, like: torch.Tensor) -> None:
+        """Allocate the room: zeros, so that masked padding columns hold nothing that could turn into NaN."""
+        self.device = like.device
+        shape = (batch, heads, self.room, head_dim)
+        self._keys, self._values = like.new_zeros(shape), like.new_zeros(shape)
+        self.is_initialized = True
+        self.filled(0)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self._keys.shape[-2]:  # more than the batch announced: grow (never expected; correct anyway)
+            self._grow(end)
+        self._keys[:, :, self.length:end] = key_states
+        self._values[:, :, self.length:end] = value_states
+        self.filled(end)
+        return self.keys, self.values
+
+    def fill(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Put one row's cached prefix (`[1, heads, length, head_dim]`) in its first columns."""
+        self._keys[row, :, : keys.shape[2]] = keys[0]
+        self._values[row, :, : values.shape[2]] = values[0]
+
+    def _grow(self, end: int) -> None:
+        extra = (*self._keys.shape[:2], max(end, 2 * self._keys.shape[-2]) - self._keys.shape[-2],
+                 self._keys.shape[-1])
+        self._keys = torch.cat([self._keys, self._keys.new_zeros(extra)], dim=-2)
+        self._values = torch.cat([self._values, self._values.new_zeros(extra)], dim=-2)
+
+    def filled(self, end: int) -> None:
+        """The first `end` columns hold KV (`keys`/`values` show them)."""
+        self.length = end
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+
+
+def batch_cache(model: Any, hits: Sequence[Hit], cached: int, width: int, new_tokens: int) -> DynamicCache:
+    """The batch's cache: room for `width` prompt columns and `new_tokens` steps per row; each row's reused
+    prefix (`hits`) in the first `cached` columns, zeros (masked) after it."""
+    cache = DynamicCache(config=model.config)
+    room = width + new_tokens
+    # Other layer kinds (sliding windows) keep transformers' own behaviour.
+    cache.layers = [RoomyLayer(room) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if not cached:
+        return cache
+    donor = next(hit for hit in hits if hit.length).layers()
+    for index, layer in enumerate(cache.layers):
+        keys, _ = donor[index]
+        target = layer if isinstance(layer, RoomyLayer) else RoomyLayer(cached)
+        target.open(len(hits), keys.shape[1], keys.shape[3], keys)
+        for row, hit in enumerate(hits):
+            if hit.length:
+                own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
+                target.fill(row, own_keys[:, :, : hit.length], own_values[:, :, : hit.length])
+        target.filled(cached)
+        if target is not layer:
+            layer.update(target.keys, target.values)
+    return cache

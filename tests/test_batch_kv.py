@@ -1,0 +1,46 @@
+"""The batch's KV cache (agent/llm/batch_kv.py): room allocated once and written in place must hold exactly what
+transformers' concatenating `DynamicLayer` would (`generate` through it on the real model: test_prefix_cache.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig
+
+from agent.llm.batch_kv import RoomyLayer, batch_cache
+from agent.llm.prefix_cache import CachedPrefix, Hit
+
+
+def steps(batch: int = 2, heads: int = 3, dim: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A prefill of 5 columns, then single-column steps: random keys and values, as a model would add them."""
+    generator = torch.Generator().manual_seed(7)
+    widths = [5, 1, 1, 1, 1]
+    return [(torch.randn(batch, heads, w, dim, generator=generator), torch.randn(batch, heads, w, dim,
+                                                                               generator=generator))
+            for w in widths]
+
+
+@pytest.mark.parametrize("room", [9, 3])  # the batch's announced room, and too little (it then grows)
+def test_a_roomy_layer_holds_what_a_dynamic_layer_holds_after_every_update(room: int) -> None:
+    roomy, reference = RoomyLayer(room), DynamicCache()
+    for keys, values in steps():
+        got = roomy.update(keys, values)
+        expected = reference.update(keys, values, layer_idx=0)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        assert roomy.get_seq_length() == reference.get_seq_length()
+
+
+def test_rows_start_from_their_own_prefix_with_zeros_after_it() -> None:
+    short = CachedPrefix(torch.arange(2), [(torch.ones(1, 3, 2, 4), 2 * torch.ones(1, 3, 2, 4))])
+    long = CachedPrefix(torch.arange(4), [(3 * torch.ones(1, 3, 4, 4), 4 * torch.ones(1, 3, 4, 4))])
+
+    class OneLayer:  # what batch_cache reads of a model: its config's layer structure
+        config = LlamaConfig(num_hidden_layers=1, num_attention_heads=3, num_key_value_heads=3, hidden_size=12)
+
+    model = OneLayer()
+    cache = batch_cache(model, [Hit(short, 2), Hit(long, 4), Hit(None, 0)], cached=4, width=6, new_tokens=3)
+    layer = cache.layers[0]
+    assert isinstance(layer, RoomyLayer) and layer.get_seq_length() == 4 and layer._keys.shape[2] == 9
+    assert torch.equal(layer.keys[0, :, :2], torch.ones(3, 2, 4)) and not layer.keys[0, :, 2:].any()
+    assert torch.equal(layer.values[1], 4 * torch.ones(3, 4, 4))
+    assert not layer.keys[2].any()
