@@ -168,7 +168,8 @@ def ask_ready_seconds(args: argparse.Namespace, converted: str) -> float:
     first creates the database); each run is stopped at that line, before its turn (the rows measure turns)."""
     qwenbot = Path(sys.executable).with_name("qwenbot")
     with tempfile.TemporaryDirectory(prefix="bench-ask-") as data:
-        env = os.environ | {"DATA_DIR": data, "LLM_BACKEND": "local", "MODEL": str(args.model),
+        # An absolute MODEL: qwenbot reads a relative one against DATA_DIR, as a user's .env would mean it.
+        env = os.environ | {"DATA_DIR": data, "LLM_BACKEND": "local", "MODEL": str(Path(args.model).resolve()),
                             "MODEL_CONVERTED_DIR": converted, "MODEL_DTYPE": args.dtype,
                             "MODEL_DEVICE_MAP": args.device_map, "LOG_LEVEL": "INFO",
                             "TOKENIZER_VOCAB_PATH": str(ROOT / "data" / "qwen.tiktoken")}
@@ -179,11 +180,14 @@ def _seconds_to_line(command: list[str], env: dict[str, str], wanted: str) -> fl
     started = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, errors="replace")
+    last = ""
     try:
         for line in process.stderr:
             if wanted in line:
                 return time.perf_counter() - started
-        raise SystemExit(f"bench: {' '.join(command[:2])} exited (code {process.wait()}) before logging {wanted!r}")
+            last = line.strip() or last
+        raise SystemExit(f"bench: {' '.join(command[:2])} exited (code {process.wait()}) before logging {wanted!r}: "
+                         f"{last}")
     finally:
         process.kill()
         process.wait()
