@@ -24,6 +24,7 @@ from agent.memory import Memory, Session, TurnRecord, utc_now
 from agent.apologies import apology, language_of
 from agent.options import ChatOptions
 from agent.prompts import REPEATED_CALL_NOTE, TOOL_FIRST_PROBLEM, format_reminder, tool_first_reminder
+from agent.repetition import collapse_loops
 from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
 from agent.unicode import clean_text
 from tools.registry import Tool, ToolRegistry, tools_for_turn
@@ -161,7 +162,7 @@ class Agent:
                 state.show_answer("")  # text that looked like an answer while it streamed was not one
             if isinstance(decision, FinalAnswer):
                 state.record(StepKind.FINAL, thought=decision.thought, observation=decision.answer)
-                return state.result(decision.answer, TurnStatus.ANSWERED, started)
+                return state.result(collapse_loops(decision.answer), TurnStatus.ANSWERED, started)
             if isinstance(decision, FormatProblem):
                 ended = self._on_format_problem(conversation, state, completion, decision, question)
                 if ended is not None:
@@ -195,7 +196,8 @@ class Agent:
         completion = await self._complete(conversation, state)
         answer = conversation.read_final(completion)
         state.record(StepKind.LIMIT, observation=answer, error=None if answer else "no_answer")
-        return state.result(answer or apology("steps", language_of(question)), TurnStatus.STEP_LIMIT, started)
+        return state.result(collapse_loops(answer) or apology("steps", language_of(question)), TurnStatus.STEP_LIMIT,
+                            started)
 
     async def _complete(self, conversation: Conversation, state: TurnState) -> Completion:
         if state.cancel.cancelled:

@@ -475,3 +475,11 @@ async def test_a_model_that_keeps_answering_from_memory_gets_an_apology(db, regi
                           require_tool_call=True)
     result = await agent.run(SESSION, ARTICLE_QUESTION)
     assert result.status == "gave_up" and "100" not in result.answer and result.answer.startswith("抱歉")
+
+
+async def test_a_final_answer_that_loops_reaches_the_user_and_the_history_once(db, registry):
+    looping = "Thought: 我知道了。\nFinal Answer: 200节。" + "I am sorry, " * 40 + "I am so"
+    agent, _ = make_agent(db, registry, [looping])
+    result = await agent.run(SESSION, "你好")
+    assert result.answer == "200节。I am sorry,"
+    assert await history_rows(db) == [("user", "你好"), ("assistant", "200节。I am sorry,")]
