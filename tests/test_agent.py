@@ -311,7 +311,8 @@ async def test_second_question_sees_the_first_answer_and_other_sessions_do_not(d
 
 
 async def test_history_window_drops_oldest_turns_first_never_the_question(db, registry):
-    answers = [f"Thought: t\nFinal Answer: answer number {i} " + "word " * 30 for i in range(5)]
+    answers = [f"Thought: t\nFinal Answer: answer number {i} " + " ".join(f"word{j}" for j in range(30))
+               for i in range(5)]  # long, and not a loop (agent/repetition.py would shorten that)
     agent, llm = make_agent(db, registry, [*answers, "Thought: t\nFinal Answer: last"], history_token_budget=120)
     for i in range(5):
         await agent.run(SESSION, f"question {i}")

@@ -14,7 +14,9 @@ from tests.fakes.telegram_bot import (ADMIN, ALICE, ARTICLE_QUESTION, CAROL, QWE
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
 
-LONG_ANSWER = "\n\n".join(f"第{i}段：" + "大模型技术实战课程内容介绍。" * 14 for i in range(50))  # ~10,000 characters
+# ~10,000 characters; every sentence numbered, so the answer is long without looping (agent/repetition.py)
+LONG_ANSWER = "\n\n".join(f"第{i}段：" + "".join(f"大模型技术实战课程的第{j}节介绍。" for j in range(1, 13))
+                            for i in range(50))
 
 
 # --- splitting and formatting, as functions -------------------------------------------------------------------
