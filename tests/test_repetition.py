@@ -9,7 +9,8 @@ from agent.repetition import collapse_loops
 
 @pytest.mark.parametrize("looping, expected", [
     ("I am sorry, " * 50 + "I am sor", "I am sorry,"),  # the token limit cut the last copy
-    ("The course has 200 lessons. " + "I am glad to say that " * 10, "The course has 200 lessons. I am glad to say that"),
+    ("The course has 200 lessons. " + "I am glad to say that " * 10,
+     "The course has 200 lessons. I am glad to say that"),
     ("好的，我来查一下。" * 8, "好的，我来查一下。"),
     ("Answer: 3\n" + "What is the final answer?\n" * 6 + "Bye.", "Answer: 3\nWhat is the final answer?\nBye."),
 ])

@@ -227,7 +227,8 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
     Fills each row's `new_ids` and, once it ends, its `reason`, and tells `on_finished` at once (its caller need
     not wait for the batch's longest row). When `should_pause` turns true while rows are still generating (a
     newcomer waits), the batch stops after the current step: rows left unfinished keep their KV (`paused_kv`) and
-    resume from it in the next batch, beside the newcomer. Rows with a grammar are masked by it (`grammars` compiled them).
+    resume from it in the next batch, beside the newcomer. Rows with a grammar are masked by it (`grammars`
+    compiled them).
     """
     store = store if store is not None else PrefixCache(0)
     eos = eos_ids(model, tokenizer)
