@@ -13,7 +13,7 @@ Nothing but this thread touches torch, the model or this tokenizer: HF fast toke
 when one instance is used from two threads, and a blocked event loop would freeze every chat.
 
 A request that arrives during a batch joins at the next step when the batch has room: the batch pauses, its
-unfinished rows keep their KV in the prefix cache and go on in the next batch beside the newcomer (batching.py).
+unfinished rows keep their own KV and go on in the next batch beside the newcomer (batching.py).
 Every caller is answered as soon as its own row ends, not when the batch does.
 """
 
@@ -121,7 +121,7 @@ class ModelWorker:
         self._exited: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._current: list[Job] = []
-        # Rows paused so that a newcomer could join: they go first into the next batch, with their KV in the store.
+        # Rows paused so that a newcomer could join: they go first into the next batch, each holding its own KV.
         self._paused: list[BatchRow] = []
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._closing = threading.Event()
