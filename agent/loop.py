@@ -45,6 +45,8 @@ class AgentLimits:
     observation_max_chars: int = 2000
     turn_timeout_seconds: float = 180.0
     mode: str = "react"
+    # Where the ReAct instructions and tools go: the system message, or Qwen's place, the question's message.
+    react_layout: str = "system"
     # Decode every step under the grammar of the enabled tools (None: unconstrained).
     grammar: GrammarLimits | None = GrammarLimits()
     # The default of the first-step policy: a question naming a tool's subject must get a tool call before the
@@ -122,7 +124,7 @@ class Agent:
         state = TurnState(tools, cancel or CancelToken(), on_event, session, user_id)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
         grammar = self.limits.grammar.within(self.limits.max_new_tokens) if self.limits.grammar else None
-        rules = TurnRules(grammar, await self._tools_required(session, question, tools))
+        rules = TurnRules(grammar, await self._tools_required(session, question, tools), self.limits.react_layout)
         conversation = start_conversation(self.limits.mode, history, question, state.tools, rules)
         # The record's result is a placeholder until the turn ends, one way or the other.
         record = TurnRecord(question, state.result("", TurnStatus.ERROR, started), started_at, self.limits.mode,

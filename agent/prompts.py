@@ -1,6 +1,10 @@
 """The Qwen ReAct prompt, exactly as in Qwen's own examples, rendered from the tools enabled in a chat.
 
 The article's copy of these templates has typos ("as best you con", a missing "tools:"); these are the originals.
+Two layouts place the same text (REACT_LAYOUT): Qwen's examples put the instructions and the tools in the
+question's message, after the history ("question"); "system" puts them in the system message and leaves
+"Question: …" to the user, so every chat's prompt starts with the same tokens and a chat's earlier turns stay a
+prefix of its next one (both cached by the local engine and by llama.cpp's servers).
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from tools.registry import Tool
 
 TOOL_DESC = """{name_for_model}: Call this tool to interact with the {name_for_human} API. What is the {name_for_human} API useful for? {description_for_model} Parameters: {parameters} Format the arguments as a JSON object."""  # noqa: E501
 
-PROMPT_REACT = """Answer the following questions as best you can. You have access to the following tools:
+# Qwen's PROMPT_REACT is these two joined by a blank line.
+REACT_INSTRUCTIONS = """Answer the following questions as best you can. You have access to the following tools:
 
 {tool_descs}
 
@@ -27,9 +32,9 @@ Observation: the result of the action
 Thought: I now know the final answer
 Final Answer: the final answer to the original input question
 
-Begin!
-
-Question: {query}"""
+Begin!"""
+REACT_QUESTION = "Question: {query}"
+REACT_LAYOUTS = ("system", "question")
 
 SYSTEM_MESSAGE = (
     "You are a helpful assistant for a team, answering in a chat. "
@@ -70,11 +75,20 @@ def tool_description(tool: Tool) -> str:
 
 def react_prompt(tools: Sequence[Tool], query: str) -> str:
     """The full ReAct prompt for `query` with `tools` (descriptions joined by a blank line, names by ',')."""
-    return PROMPT_REACT.format(
+    return f"{react_instructions(tools)}\n\n{react_question(query)}"
+
+
+def react_instructions(tools: Sequence[Tool]) -> str:
+    """The ReAct prompt up to its question: the format and `tools`, the same for every question."""
+    return REACT_INSTRUCTIONS.format(
         tool_descs="\n\n".join(tool_description(tool) for tool in tools),
         tool_names=",".join(tool.name for tool in tools),
-        query=query,
     )
+
+
+def react_question(query: str) -> str:
+    """The ReAct prompt's last line: the question."""
+    return REACT_QUESTION.format(query=query)
 
 
 def format_reminder(tools: Sequence[Tool]) -> str:

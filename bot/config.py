@@ -16,6 +16,7 @@ from dotenv import load_dotenv
 from agent.grammar import GrammarLimits
 from agent.llm.base import MODEL_DTYPES
 from agent.loop import AgentLimits
+from agent.prompts import REACT_LAYOUTS
 from bot.ids import IdError, parse_chat_id, parse_user_id
 from bot.logs import redact_token_shapes
 from bot.paths import default_data_dir, dotenv_file, moved_database, under
@@ -72,6 +73,7 @@ class Settings:
     openai_max_retries: int = 3
     openai_grammar: str = "off"
     agent_mode: str = AgentLimits.mode
+    react_layout: str = AgentLimits.react_layout
     scripted_replies_path: str = ""
     scripted_delay_seconds: float = 0.0
     scripted_token_seconds: float = 0.0
@@ -146,6 +148,7 @@ class Settings:
         """Refuse values that parse but make no sense, naming the variable."""
         _one_of("LLM_BACKEND", self.llm_backend, LLM_BACKENDS)
         _one_of("AGENT_MODE", self.agent_mode, AGENT_MODES)
+        _one_of("REACT_LAYOUT", self.react_layout, REACT_LAYOUTS)
         _one_of("MODEL_DTYPE", self.model_dtype, MODEL_DTYPES)
         _one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
         # logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here.

@@ -114,7 +114,8 @@ def agent_limits(settings: Settings) -> AgentLimits:
     grammar = GrammarLimits(settings.thought_max_tokens, settings.tool_string_max_chars)
     return AgentLimits(settings.max_steps, settings.max_new_tokens, settings.history_token_budget,
                        settings.observation_max_chars, settings.turn_timeout_seconds, settings.agent_mode,
-                       grammar if settings.constrained_decoding else None, settings.require_tool_call)
+                       settings.react_layout, grammar if settings.constrained_decoding else None,
+                       settings.require_tool_call)
 
 
 def build_llm(settings: Settings) -> LLM:

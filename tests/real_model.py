@@ -20,10 +20,13 @@ def real_model_test(test):
 
 
 async def started_local_llm(**options) -> LocalLLM:
-    """`LocalLLM` on the test model, started (on CPU, batches of 8, unless `options` say otherwise)."""
+    """`LocalLLM` on the test model, started (on CPU, fp32, batches of 8, unless `options` say otherwise).
+
+    fp32, not `auto`: on a CPU with bf16 `auto` is bf16, whose rounding lets a row's tokens differ between a batch
+    and a run alone, and these tests compare exactly that (the issue's "token for token, same dtype")."""
     if not GGUF.is_file():
         pytest.fail(f"{GGUF} is missing: run scripts/fetch_assets.sh (scripts/test.sh does)")
-    backend = LocalLLM(str(GGUF), **{"device_map": "cpu", "batch_size": 8, **options})
+    backend = LocalLLM(str(GGUF), **{"device_map": "cpu", "dtype": "float32", "batch_size": 8, **options})
     await backend.start()
     return backend
 

@@ -304,10 +304,33 @@ async def test_second_question_sees_the_first_answer_and_other_sessions_do_not(d
     same_session, other_session = llm.requests[2], llm.requests[3]
     roles = [m["role"] for m in same_session.messages]
     assert roles == ["system", "user", "assistant", "user"]
-    assert same_session.messages[1]["content"] == ARTICLE_QUESTION
+    assert same_session.messages[1]["content"] == f"Question: {ARTICLE_QUESTION}"
     assert "200" in same_session.messages[2]["content"]
     assert "200节" not in other_session.text
     assert ARTICLE_QUESTION not in other_session.text
+
+
+@pytest.mark.parametrize("layout", ["system", "question"])
+async def test_the_next_turns_prompt_starts_with_the_last_ones_in_the_system_layout(db, registry, layout):
+    """REACT_LAYOUT=system: instructions and tools lead, every question reads `Question: …`, so turn 2's messages
+    begin with turn 1's system message and question (the cached part). Qwen's layout puts them after the history."""
+    agent, llm = make_agent(db, registry, [QWEN_LOOKUP, QWEN_FINAL, "Thought: 记得\nFinal Answer: 是的，200节。"],
+                            react_layout=layout)
+    await agent.run(SESSION, ARTICLE_QUESTION)
+    await agent.run(SESSION, "你确定吗？")
+
+    first, _, second = llm.requests
+    instructions = "You have access to the following tools:"
+    if layout == "system":
+        assert second.messages[:2] == first.messages[:2]
+        assert instructions in second.messages[0]["content"] and "course_query" in second.messages[0]["content"]
+        questions = [m["content"] for m in second.messages if m["role"] == "user"]
+        assert questions == [f"Question: {ARTICLE_QUESTION}", "Question: 你确定吗？"]
+    else:
+        assert instructions not in second.messages[0]["content"]
+        assert second.messages[1]["content"] == ARTICLE_QUESTION
+        assert second.messages[-1]["content"].startswith(f"Answer the following questions as best you can. {instructions}")
+        assert second.messages[-1]["content"].endswith("\n\nQuestion: 你确定吗？")
 
 
 async def test_history_window_drops_oldest_turns_first_never_the_question(db, registry):
@@ -358,8 +381,8 @@ async def test_disabled_tool_is_not_in_the_prompt_and_cannot_be_called(db, regis
     agent, llm = make_agent(db, registry, [QWEN_LOOKUP, " ok\nFinal Answer: 查不到"])
     result = await agent.run(SESSION, ARTICLE_QUESTION)
 
-    assert "course_query:" not in llm.requests[0].last_content
-    assert "calculator:" in llm.requests[0].last_content
+    assert "course_query:" not in llm.requests[0].text
+    assert "calculator:" in llm.requests[0].text
     assert result.tool_steps[0].error == "unknown_tool"
 
 
@@ -425,7 +448,7 @@ async def test_each_step_is_decoded_under_the_grammar_of_the_enabled_tools(db, r
         assert name in first.lark
     # course_query offers the courses in the database, and the prompt shows them too
     assert '"enum":["大模型技术实战","机器学习实战","深度学习实战","AI数据分析"]' in first.lark
-    assert "机器学习实战" in llm.requests[0].last_content
+    assert "机器学习实战" in llm.requests[0].text
 
 
 async def test_the_thought_and_the_arguments_fit_in_the_step_budget(db, registry):

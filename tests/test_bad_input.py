@@ -294,7 +294,7 @@ async def test_a_model_that_obeys_an_injection_gets_an_observation_and_changes_n
                                                                                        refused):
     outcome = await shared.send(ALICE_CHAT, ALICE, text=question, model=[attempt, final("I cannot do that.")])
     assert outcome.reply == "I cannot do that."
-    assert READ_ONLY_TOOLS in outcome.requests[0].last_content  # all the model was offered
+    assert READ_ONLY_TOOLS in outcome.requests[0].text  # all the model was offered
     assert refused in outcome.trace()
     assert outcome.after["courses"] == outcome.before["courses"] == SEED_COURSES
     assert outcome.changed() <= {"turns", "messages", "sessions"}

@@ -55,7 +55,7 @@ def test_openai_contender_rows_and_requests(capsys):
     # A first call's prompt ends with its question; the second call's goes on with the folded trace.
     contents = [r.body["messages"][-1]["content"] for r in requests]
     first_calls = [re.findall(r"^Question: (.*)$", c, re.MULTILINE)[-1] for c in contents
-                   if re.search(r"\nQuestion: [^\n]*$", c)]
+                   if re.search(r"(^|\n)Question: [^\n]*$", c)]
     assert len(first_calls) == calls // 2 and len(set(first_calls)) == len(first_calls)  # every question distinct
 
 

@@ -120,10 +120,11 @@ async def test_a_constrained_row_paused_for_a_newcomer_resumes_its_grammar_strea
     """The matcher belongs to the row, not the batch: paused mid-step so that a newcomer can join, the row resumes
     in the next batch from its KV in the prefix cache, its grammar where it left it; its text streams throughout,
     and the step is the one it writes alone without any cache."""
-    request = ReactConversation([], QUESTION, tools, TurnRules(GrammarLimits(thought_max_tokens=16))).request()
+    named = tuple(tool.name for tool in tools if tool.named_in(QUESTION))  # a tool call is required: an Action
+    request = ReactConversation([], QUESTION, tools, TurnRules(GrammarLimits(thought_max_tokens=16), named)).request()
     call = dict(messages=request.messages, stop=request.stop, max_new_tokens=64, grammar=request.grammar)
     alone = await llm.complete(**call)
-    cached = LocalLLM(str(GGUF), device_map="cpu", batch_size=8, prefix_cache_mb=64)
+    cached = LocalLLM(str(GGUF), device_map="cpu", dtype="float32", batch_size=8, prefix_cache_mb=64)
     await cached.start()
     pieces: list[str] = []
     newcomer: list[asyncio.Future] = []

@@ -17,7 +17,7 @@ from agent.llm.batch_kv import batch_cache
 from agent.llm.batching import cache_argument, lay_out
 from agent.llm.local import LocalLLM, converted_folder, load_model, resolve_model
 from agent.llm.prefix_cache import Hit, PrefixCache
-from agent.prompts import SYSTEM_MESSAGE, react_prompt
+from agent.conversations import ReactConversation, TurnRules
 from tests.real_model import GGUF, real_model_test, worker_log_watched
 from tools.calculator import CALCULATOR
 
@@ -92,10 +92,9 @@ async def backends(tmp_path_factory):
     await cached.close()
 
 
-def react_turn(question: str) -> list[dict]:
+def react_turn(question: str, history: tuple[dict, ...] = (), layout: str = "system") -> list[dict]:
     """The messages of a turn's first model call, as the agent renders them."""
-    return [{"role": "system", "content": SYSTEM_MESSAGE},
-            {"role": "user", "content": react_prompt([CALCULATOR], question)}]
+    return ReactConversation(history, question, [CALCULATOR], TurnRules(react_layout=layout)).request().messages
 
 
 def continued(messages: list[dict], reply: str, observation: str) -> list[dict]:
@@ -130,6 +129,23 @@ async def test_outputs_with_the_cache_equal_outputs_without_it_and_the_prompt_is
     assert two.cached_tokens > 0.8 * two.prompt_tokens  # the whole first call was reused
     assert other.cached_tokens > 0.8 * other.prompt_tokens  # another chat reuses the system prompt and tools
     assert all(c.cached_tokens == 0 for c in results["plain"])
+
+
+@real_model_test
+@pytest.mark.parametrize("layout", ["system", "question"])
+async def test_a_chats_next_turn_computes_only_its_new_text_when_the_tools_lead_the_prompt(backends, layout) -> None:
+    """REACT_LAYOUT=system: the next turn's prompt is the last one's up to its answer, then the answer and the new
+    question; with Qwen's layout the instructions and tools follow the history, so they are computed again."""
+    _, cached, _ = backends
+    first = await cached.complete(react_turn("What is 12 * 7?", layout=layout), stop=STOP, max_new_tokens=8)
+    history = ({"role": "user", "content": "What is 12 * 7?"}, {"role": "assistant", "content": "84"})
+    second = await cached.complete(react_turn("And 84 / 2?", history, layout), stop=STOP, max_new_tokens=8)
+    computed = second.prompt_tokens - second.cached_tokens
+    if layout == "system":
+        assert computed <= 0.25 * second.prompt_tokens
+    else:
+        assert computed > 0.5 * second.prompt_tokens
+    assert first.prompt_tokens < second.prompt_tokens
 
 
 @real_model_test
