@@ -22,7 +22,7 @@ import pytest_asyncio
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory, ModelLoadError
 from agent.llm.base import CancelToken, Completion
-from agent.llm.batching import lay_out, shared_prefix_length
+from agent.llm.batching import APART_PASS_TOKENS, lay_out, rows_to_prefill_apart, shared_prefix_length
 from agent.llm.local import LocalLLM
 from tests.real_model import GGUF, real_model_test, started_local_llm, worker_log_watched
 
@@ -331,6 +331,25 @@ def test_rows_with_nothing_reused_are_plainly_left_padded() -> None:
     assert layout.input_ids.tolist() == [[0, 1, 2, 3], [1, 2, 4, 5]]
     assert layout.attention_mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]]
     assert shared_prefix_length([list(range(100))]) == 0  # one row shares nothing with itself
+
+
+def test_a_newcomer_beside_resumed_rows_is_prefilled_apart_so_the_batch_computes_one_column_per_row() -> None:
+    # 7 resumed rows need one column each; the newcomer's 200 tokens would otherwise be computed 8 times.
+    assert rows_to_prefill_apart([1] * 7 + [200]) == {7}
+
+
+def test_rows_of_very_different_lengths_are_split_where_the_fewest_columns_are_computed() -> None:
+    # Two long observations and six short ones: the long two apart, the short six together at width 20.
+    own = [300, 20, 20, 280, 20, 20, 20, 20]
+    assert rows_to_prefill_apart(own) == {0, 3}
+    apart = (300 - 1 + APART_PASS_TOKENS) + (280 - 1 + APART_PASS_TOKENS) + len(own) * 20
+    assert apart < len(own) * 300  # what the batch would have computed with all of them together
+
+
+def test_rows_of_about_the_same_length_stay_in_one_batch() -> None:
+    assert rows_to_prefill_apart([40, 38, 41, 39]) == set()
+    assert rows_to_prefill_apart([1, 1, 1]) == set()  # resumed rows: one column each already
+    assert rows_to_prefill_apart([]) == set()
 
 
 def qwenbot_ask(tmp_path: Path, model: str, question: str, mode: str = "react") -> subprocess.CompletedProcess:

@@ -46,8 +46,10 @@ log = logging.getLogger(__name__)
 
 # Below this many shared tokens, computing the prefix separately is not worth a second forward pass.
 MIN_SHARED_PREFIX = 32
-# A newcomer joining resumed rows is prefilled alone when it has at least this many tokens of its own to compute.
-MIN_ALONE = 8
+# What one forward pass of its own costs a row prefilled apart, counted in prompt tokens: a pass reads every weight
+# once, as a decode step does (~26 ms for SmolLM2-135M in bf16 on 2 cores), which is what ~16-20 tokens of
+# prefill cost there (prefill computes ~750 tokens/s).
+APART_PASS_TOKENS = 16
 
 
 @dataclass
@@ -238,8 +240,7 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
     with torch.inference_mode():
         hits, fresh = reusable_prefixes(model, [row.context_ids for row in rows], store,
                                         held=[row.paused_kv for row in rows])
-        if any(row.new_ids for row in rows):
-            prefill_newcomers_alone(model, rows, hits, fresh, store)
+        prefill_apart(model, rows, hits, fresh, store)
         layout = lay_out([row.context_ids for row in rows], [hit.length for hit in hits], pad_id, model.device)
         cache = batch_cache(model, hits, layout.cached, layout.input_ids.shape[1], longest)
         # Without a store (PREFIX_CACHE_MB=0) a batch runs to its end: the plain mode, one `generate` per batch.
@@ -282,18 +283,36 @@ def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixCache,
     return hits, fresh
 
 
-def prefill_newcomers_alone(model: Any, rows: list[BatchRow], hits: list[Hit], fresh: list[int],
-                            store: PrefixCache) -> None:
-    """Compute the prompt of each row new to a batch of resumed rows on its own, up to its last token.
+def rows_to_prefill_apart(own: Sequence[int]) -> set[int]:
+    """Which rows to prefill on their own, given how many tokens each has past its reused prefix (`own`, the last
+    one included), so that the batch computes the fewest columns.
 
-    A batch computes as many columns for every row as its longest own part: a newcomer's question and history
-    (often 100-200 tokens past the cached tools prompt) would be computed for each resumed row too, which needs
-    one token. Alone, they are computed once, and the joined batch starts with one column per row.
+    A padded batch computes its longest row's own part for every row: 8 rows whose observations run from 80 to
+    300 tokens cost 8 × 300. A row prefilled apart costs its own tokens but one, plus a pass of its own
+    (`APART_PASS_TOKENS`), and then one column in the batch. Taking rows apart longest first, the cheapest cut
+    is found in one sweep; rows of equal length stay together (a resumed row, needing one column, always does).
     """
-    for index, row in enumerate(rows):
-        context, hit = row.context_ids, hits[index]
-        if row.new_ids or len(context) - 1 - hit.length < MIN_ALONE:
-            continue
+    order = sorted(range(len(own)), key=lambda index: own[index], reverse=True)
+    best_cost, best_cut = len(own) * max(own, default=1), 0
+    apart_cost = 0
+    for cut, index in enumerate(order, start=1):
+        apart_cost += own[index] - 1 + APART_PASS_TOKENS
+        width = max((own[rest] for rest in order[cut:]), default=1)
+        if apart_cost + len(own) * width < best_cost:
+            best_cost, best_cut = apart_cost + len(own) * width, cut
+    return set(order[:best_cut])
+
+
+def prefill_apart(model: Any, rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: PrefixCache) -> None:
+    """Compute the prompts of the rows `rows_to_prefill_apart` picks, each on its own up to its last token.
+
+    A newcomer joining resumed rows is the common case: its question and history (often 100-300 tokens past the
+    cached tools prompt) would otherwise be computed for each resumed row too, which needs one token; so is a
+    batch of second calls whose observations differ in length. Apart, each row's tokens are computed once.
+    """
+    own = [len(row.context_ids) - hit.length for row, hit in zip(rows, hits)]
+    for index in sorted(rows_to_prefill_apart(own)):
+        context, hit = rows[index].context_ids, hits[index]
         hits[index] = extend_prefix(model, context[:-1], hit)
         store.put(context[:-1], hits[index].layers())
         fresh[index] += len(context) - 1 - hit.length

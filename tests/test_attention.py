@@ -1,0 +1,68 @@
+"""The CPU decode attention (agent/llm/attention.py): the same attention as sdpa's, so the same tokens."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from agent.llm.attention import NAME, decode_attention, use_decode_attention
+
+
+class Module:  # what an attention function reads of its layer
+    training = False
+    is_causal = True
+    num_key_value_groups = 3
+
+
+def random_attention(batch: int = 2, heads: int = 6, kv_heads: int = 2, length: int = 9, dim: int = 8):
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(batch, heads, 1, dim, generator=generator)
+    key = torch.randn(batch, kv_heads, length, dim, generator=generator)
+    value = torch.randn(batch, kv_heads, length, dim, generator=generator)
+    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    mask[1, ..., :4] = False  # the second row is left-padded
+    return query, key, value, mask
+
+
+def test_a_decode_step_attends_as_sdpa_does_padding_and_grouped_heads_included() -> None:
+    query, key, value, mask = random_attention()
+    ours, _ = decode_attention(Module(), query, key, value, mask, scaling=0.3)
+    theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.3)
+    assert ours.shape == theirs.shape == (2, 1, 6, 8)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+def test_an_additive_mask_hides_the_same_columns_as_a_boolean_one() -> None:
+    query, key, value, mask = random_attention()
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    with_bool, _ = decode_attention(Module(), query, key, value, mask)
+    with_additive, _ = decode_attention(Module(), query, key, value, additive)
+    assert torch.allclose(with_bool, with_additive, atol=1e-6)
+
+
+def tiny_model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, attn_implementation="sdpa")
+    return LlamaForCausalLM(config).eval()
+
+
+def greedy(model: LlamaForCausalLM) -> tuple[list[list[int]], torch.Tensor]:
+    """Twelve greedy tokens for a padded batch of two, and the logits each step chose them from."""
+    ids = torch.tensor([[0, 0, 5, 9, 11, 3], [7, 1, 2, 8, 4, 6]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])  # the first prompt is left-padded
+    with torch.inference_mode():
+        output = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                                pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+    return output.sequences[:, ids.shape[1]:].tolist(), torch.stack(output.logits)
+
+
+def test_a_model_generates_the_same_tokens_with_the_decode_attention_as_with_sdpa() -> None:
+    model = tiny_model()
+    tokens_sdpa, logits_sdpa = greedy(model)
+    use_decode_attention(model)
+    assert model.config._attn_implementation == NAME
+    tokens, logits = greedy(model)
+    assert tokens == tokens_sdpa
+    assert torch.allclose(logits, logits_sdpa, atol=1e-5)
