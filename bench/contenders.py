@@ -59,6 +59,8 @@ class Spec:
     server_pid: int = 0
     listen: bool = False  # the turns have a listener (as in Telegram and the terminal): every call streams
     grammar: bool = False  # every call decoded under the agent's step grammar (local only)
+    draft_tokens: int = 5  # DRAFT_TOKENS (local only; 0: no drafts)
+    draft_step_tokens: int = 8  # DRAFT_STEP_TOKENS
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,8 @@ def settings_for(spec: Spec, folder: Path) -> Settings:
                     batch_wait_ms=spec.batch_wait_ms, max_new_tokens=spec.new_tokens, turn_timeout_seconds=3600,
                     prefix_cache_mb=spec.prefix_cache_mb, tokenizer_vocab_path=ROOT / "data" / "qwen.tiktoken",
                     openai_base_url=spec.openai_url, openai_model=spec.openai_model,
-                    constrained_decoding=spec.grammar)
+                    constrained_decoding=spec.grammar, draft_tokens=spec.draft_tokens,
+                    draft_step_tokens=spec.draft_step_tokens)
 
 
 def backend_for(spec: Spec, settings: Settings) -> LLM:
@@ -130,12 +133,14 @@ def backend_for(spec: Spec, settings: Settings) -> LLM:
         return BenchOpenAI(base_url=spec.openai_url, model=spec.openai_model, limits=patient, max_retries=0,
                            count_tokens=qwen_token_counter(settings.tokenizer_vocab_path),
                            extra_body=ban_body(spec.ban_token_ids))
+    from agent.llm.drafts import DraftLimits
     from agent.llm.local import LocalLLM
 
     return LocalLLM(spec.model, device_map=spec.device_map, dtype=spec.dtype, batch_size=spec.batch_size,
                     batch_wait_ms=spec.batch_wait_ms, min_new_tokens=max(spec.new_tokens, spec.probe_tokens),
                     converted_dir=Path(spec.converted_dir) if spec.converted_dir else None,
-                    prefix_cache_mb=spec.prefix_cache_mb)
+                    prefix_cache_mb=spec.prefix_cache_mb,
+                    drafts=DraftLimits(settings.draft_tokens, settings.draft_step_tokens))
 
 
 class AgentContender:
@@ -229,6 +234,7 @@ class RawContender:
 
     def _generate(self, rounds: list[list[Any]]) -> tuple[float, int, int, int]:
         from agent.llm.batching import BatchRow, generate_rows, render_prompt
+        from agent.llm.drafts import DraftLimits
 
         model, tokenizer = self.loaded.model, self.loaded.tokenizer
         seconds = 0.0
@@ -238,7 +244,8 @@ class RawContender:
                 batch = [BatchRow(render_prompt(tokenizer, messages, None), max_new_tokens=self.spec.new_tokens)
                          for messages in calls[start:start + self.spec.batch_size]]
                 began = time.perf_counter()
-                generate_rows(model, tokenizer, batch, self.spec.new_tokens, self.store)
+                generate_rows(model, tokenizer, batch, self.spec.new_tokens, self.store,
+                              drafts=DraftLimits(self.spec.draft_tokens, self.spec.draft_step_tokens))
                 seconds += time.perf_counter() - began
                 rows.extend(batch)
         return (seconds, sum(len(r.new_ids) for r in rows), sum(len(r.prompt_ids) for r in rows),

@@ -15,6 +15,7 @@ from dotenv import load_dotenv
 
 from agent.grammar import GrammarLimits
 from agent.llm.base import MODEL_DTYPES
+from agent.llm.drafts import DraftLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
 from bot.ids import IdError, parse_chat_id, parse_user_id
@@ -63,6 +64,8 @@ class Settings:
     model_cache_dir: Path = Path("models")
     model_converted_dir: Path = Path("converted-models")
     prefix_cache_mb: int = 512
+    draft_tokens: int = DraftLimits.per_row
+    draft_step_tokens: int = DraftLimits.per_step
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: str = "EMPTY"
     openai_model: str = ""
@@ -170,8 +173,9 @@ class Settings:
                      "instance_lock_wait_seconds", "mcp_retry_seconds"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name.upper()} must be 0 or more, got {getattr(self, name)}")
-        if self.prefix_cache_mb < 0:
-            raise ConfigError(f"PREFIX_CACHE_MB must be 0 or more, got {self.prefix_cache_mb}")
+        for name in ("prefix_cache_mb", "draft_tokens", "draft_step_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name.upper()} must be 0 or more, got {getattr(self, name)}")
         if self.batch_wait_ms < 0:
             raise ConfigError(f"BATCH_WAIT_MS must be 0 or more, got {self.batch_wait_ms}")
         if self.doctor_min_free_disk_mb < 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -15,21 +16,34 @@ class Module:  # what an attention function reads of its layer
     num_key_value_groups = 3
 
 
-def random_attention(batch: int = 2, heads: int = 6, kv_heads: int = 2, length: int = 9, dim: int = 8):
+def random_attention(width: int = 1, batch: int = 2, heads: int = 6, kv_heads: int = 2, length: int = 9,
+                     dim: int = 8):
+    """A query of `width` tokens per row at the end of `length` columns; the second row left-padded, and for a
+    wider query the causal mask (each query token sees the columns up to its own)."""
     generator = torch.Generator().manual_seed(3)
-    query = torch.randn(batch, heads, 1, dim, generator=generator)
+    query = torch.randn(batch, heads, width, dim, generator=generator)
     key = torch.randn(batch, kv_heads, length, dim, generator=generator)
     value = torch.randn(batch, kv_heads, length, dim, generator=generator)
-    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
-    mask[1, ..., :4] = False  # the second row is left-padded
+    columns, rows = torch.arange(length), torch.arange(length - width, length)
+    mask = (columns[None, :] <= rows[:, None]).expand(batch, 1, width, length).clone()
+    mask[1, ..., :4] = False
     return query, key, value, mask
 
 
-def test_a_decode_step_attends_as_sdpa_does_padding_and_grouped_heads_included() -> None:
-    query, key, value, mask = random_attention()
+@pytest.mark.parametrize("width", [1, 3])  # a decode step, and a step that verifies a draft of two tokens
+def test_a_short_query_attends_as_sdpa_does_padding_and_grouped_heads_included(width: int) -> None:
+    query, key, value, mask = random_attention(width)
     ours, _ = decode_attention(Module(), query, key, value, mask, scaling=0.3)
     theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.3)
-    assert ours.shape == theirs.shape == (2, 1, 6, 8)
+    assert ours.shape == theirs.shape == (2, width, 6, 8)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+def test_without_a_mask_a_short_query_is_causal() -> None:
+    query, key, value, mask = random_attention(width=3)
+    mask[1] = mask[0]  # no padding: what transformers leaves out for sdpa, which is then causal
+    ours, _ = decode_attention(Module(), query, key, value, None)
+    theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask)
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 

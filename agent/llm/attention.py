@@ -1,11 +1,13 @@
-"""Attention for a decode step on a CPU: one query token per row, as two matrix products.
+"""Attention for the short queries of decoding on a CPU: a step's one token per row, or a few (a verified draft,
+see drafts.py), as two matrix products over the KV cache.
 
-With the long ReAct prompts of this bot (~1,900 tokens of context per row) a decode step spends as much time in
+With the long ReAct prompts of this bot (~900-1,900 tokens of context per row) a decode step spends as much time in
 attention as in the linear layers: every row reads its whole KV cache. PyTorch's CPU `scaled_dot_product_attention`
-runs a blocked flash kernel built for long queries; for the one-token query of a decode step it took 0.83 ms a layer
-on 8 rows × 1,900 tokens in bf16 (2-core AVX-512 CPU, SmolLM2-135M's 9 query and 3 KV heads), where `q @ kᵀ`,
-softmax and `@ v` take 0.31 ms: 15 ms of a 50 ms step. Prompts (more than one query token) stay on sdpa, which is
-the faster of the two there.
+runs a blocked flash kernel built for long queries, and transformers copies the KV three times over first for
+grouped-query models when a query has more than one token (`repeat_kv`). Measured on a 2-core AVX-512 CPU with
+SmolLM2-135M (9 query and 3 KV heads), 8 rows × 900 tokens in bf16: a step of 2 tokens per row took 190 ms through
+sdpa against 76 ms for 1 token; here the two cost about the same. Prompts (more than `SHORT_QUERY` tokens) stay on
+sdpa, the faster of the two there.
 
 The query heads that share a KV head are stacked as rows of one product (grouped-query attention without copying
 the KV, as transformers' own `pack_gqa` does). Registered with transformers' `AttentionInterface` under `NAME`,
@@ -19,28 +21,48 @@ from typing import Any
 import torch
 
 NAME = "qwenbot_cpu_decode"
+# Queries of up to this many tokens take the matrix-product path; longer ones (prompts) go to sdpa.
+SHORT_QUERY = 16
 
 
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                      **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: `query` [batch, heads, q, dim], `key`/`value` [batch, kv heads,
-    length, dim], a boolean (True: attend) or additive mask; returns [batch, q, heads, dim]."""
+    length, dim], a boolean (True: attend) or additive mask, or None for a plain causal one; returns
+    [batch, q, heads, dim]."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if query.shape[2] != 1 or module.training:
+    if query.shape[2] > SHORT_QUERY or module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
-    batch, heads, _, dim = query.shape
-    kv_heads = key.shape[1]
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # query head h reads KV head h // groups
-    scores = torch.matmul(grouped, key.transpose(-1, -2)) * (scaling if scaling is not None else dim ** -0.5)
-    if attention_mask is not None:
-        mask = attention_mask[..., -1:, : key.shape[2]]  # [batch, 1, 1, length]: broadcast over heads
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    batch, heads, width, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    scale = scaling if scaling is not None else dim ** -0.5
+    # Query head h reads KV head h // groups: its rows go with that head's, `groups × width` of them.
+    grouped = (query * scale).reshape(batch, kv_heads, groups * width, dim)
+    # key @ queryᵀ, not query @ keyᵀ: `key` is a view into the batch's roomy cache (batch_kv.py), and bf16 matmul
+    # copies a transposed view of it whole (0.6 ms a layer at 8 rows × 1,000 tokens); this way round it reads it.
+    scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2)
+    scores = scores.reshape(batch, kv_heads, groups, width, length)
+    mask = _visible(attention_mask, width, length, key.device)  # broadcasts over KV heads and groups
+    # The lowest finite value, not -inf: a query on a padding column sees nothing, and -inf would make its output
+    # NaN, which its KV then carries into every later layer (0 × NaN is NaN even where the mask hides it).
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    output = torch.matmul(weights, value)  # [batch, kv heads, groups, dim]
-    return output.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+    output = torch.matmul(weights.reshape(batch, kv_heads, groups * width, length), value)
+    return output.reshape(batch, heads, width, dim).transpose(1, 2).contiguous(), None
+
+
+def _visible(attention_mask: torch.Tensor | None, width: int, length: int, device: Any) -> torch.Tensor:
+    """The mask as [batch or 1, 1, 1, width, length]: the model's own, or causal when it gave none (transformers
+    leaves it out where the mask would only be causal)."""
+    if attention_mask is not None:
+        return attention_mask[:, :, -width:, :length].unsqueeze(1)
+    columns = torch.arange(length, device=device)
+    queries = torch.arange(length - width, length, device=device)
+    return (columns[None, :] <= queries[:, None])[None, None, None]
 
 
 def use_decode_attention(model: Any) -> None:

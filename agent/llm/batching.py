@@ -1,17 +1,18 @@
-"""One batch of requests through one greedy `model.generate`: prefix reuse, layout, per-row grammars and ends,
-pauses.
+"""One batch of requests, greedy: prefix reuse, layout, per-row grammars and ends, pauses; the decode loop itself
+is decoding.py.
 
 Runs on the model thread only (see `worker.py`). The choices here, measured on 2-core CPU boxes with SmolLM2-135M:
 
-- Plain padded `generate` with a per-row `StoppingCriteria`, not transformers' continuous-batching manager
-  (`generate_batch`): for 8 prompts × 32 new tokens, padded `generate` ran at 83 tokens/s, the manager at under 36
-  (its paged attention has no fast CPU path), and the manager has no per-request stop strings or cancellation.
+- A padded batch through our own decode loop, not transformers' continuous-batching manager (`generate_batch`):
+  for 8 prompts × 32 new tokens, padded `generate` ran at 83 tokens/s, the manager at under 36 (its paged
+  attention has no fast CPU path), and the manager has no per-request stop strings or cancellation. The loop is
+  ours rather than `generate` so that a step can check draft tokens per row (drafts.py).
 - No prompt token is computed twice while its KV is known. ReAct prompts are long (the system message and every
   tool description: ~690 tokens) and on a CPU prefill is compute-bound. Each row starts from the longest prefix the
   `PrefixCache` holds of it (the tools' prompt, or its own turn so far); the prefix every row of a batch shares is
   computed once when the store knows less of it. Rows are laid out `[reused prefix][padding][own tokens]`; the
-  attention mask hides the padding and `generate` derives positions from the mask, so each row's tokens continue
-  at the right position.
+  attention mask hides the padding and positions are counted per row, so each row's tokens continue at the right
+  position.
 - Continuous batching, the simple way: when a newcomer waits and the batch has room, the batch pauses after the
   current step, its unfinished rows keep their KV (on the row itself, not in the store: a paused row is live work,
   and an LRU store under a full batch would evict it and make the next batch recompute whole prompts), and the
@@ -19,26 +20,26 @@ Runs on the model thread only (see `worker.py`). The choices here, measured on 2
   does.
 - The batch's cache has room for its whole generation from the start (batch_kv.py): transformers' own cache
   copies every row's whole KV at every step: a third of the model thread's time in a profile of the eval.
-- A row may be decoded under a grammar (agent/grammar.py): a logits processor masks each constrained row by its
-  own matcher before every token (constraints.py), and `RowStops` feeds each row the token it took. The matcher
-  belongs to the row, so a paused row resumes where its grammar left it; it sees generated tokens only, so a
-  reused prompt prefix cannot change what it allows. Rows without a grammar are left exactly as they were; a
-  batch without any has no processor at all.
+- A row may be decoded under a grammar (agent/grammar.py): before each token the decode loop masks each
+  constrained row by its own matcher (constraints.py), and the row feeds its matcher the token it took. The
+  matcher belongs to the row, so a paused row resumes where its grammar left it; it sees generated tokens only, so
+  a reused prompt prefix cannot change what it allows. Rows without a grammar are left exactly as they were.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache
 
 from agent.llm.base import Message
 from agent.llm.batch_kv import batch_cache
-from agent.llm.constraints import GrammarEngine, GrammarMasks, RowGrammar
+from agent.llm.constraints import GrammarEngine, RowGrammar
+from agent.llm.decoding import Decoding, cache_argument, decode
+from agent.llm.drafts import DraftIndex, DraftLimits
 from agent.llm.prefix_cache import CachedPrefix, Hit, PrefixCache
 from agent.llm.text_stream import TextStream
 
@@ -74,9 +75,7 @@ class BatchRow:
     new_ids: list[int] = field(default_factory=list)
     paused_kv: Hit | None = None  # while paused: the KV of its context up to its last token, which it resumes from
     reused_tokens: int = 0  # prompt tokens taken from the prefix cache rather than computed
-    # Within the current batch: the tokens it had before it, and how many of this batch's belong to it.
-    _before: int = 0
-    _ended_after: int | None = None
+    _drafts: DraftIndex | None = None  # built at its first draft, then kept up to date, across pauses too
 
     @property
     def context_ids(self) -> list[int]:
@@ -102,6 +101,32 @@ class BatchRow:
         if self.stream is not None:
             self.stream.push(token_id)
 
+    def add(self, token_id: int, tokenizer: Any, eos_ids: set[int]) -> None:
+        """The model chose `token_id` next: the row takes it, then ends if its caller cancelled, on an end-of-turn
+        token (which is not text), on a stop string, or at its token limit."""
+        if self.is_cancelled():
+            self.reason = "cancelled"
+            return
+        if token_id in eos_ids:
+            self.reason = "stop"
+            return
+        self.new_ids.append(token_id)
+        if self._drafts is not None:
+            self._drafts.extend([token_id])
+        self.take(token_id)
+        if self.stop and _has_stop(tokenizer.decode(self.new_ids), self.stop):
+            self.reason = "stop"
+        elif len(self.new_ids) >= self.max_new_tokens:
+            self.reason = "length"
+
+    def draft(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that may come next, looked up in the row's own context (drafts.py)."""
+        if limit <= 0:
+            return []
+        if self._drafts is None:
+            self._drafts = DraftIndex(self.context_ids)
+        return self._drafts.propose(limit)
+
 
 def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None) -> list[int]:
     """Token ids of the chat: continuing a final assistant message, else opening a new assistant turn."""
@@ -116,54 +141,6 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[
         return_dict=True,
     )
     return list(encoded["input_ids"])
-
-
-class RowStops(StoppingCriteria):
-    """The per-row loop after every step: each live row takes its new token (`BatchRow.take`: its grammar moves on,
-    its text is streamed to its caller), then checks its own end conditions (stop strings, token limit, cancel
-    token); and the pause of the whole batch when a newcomer waits (`should_pause`).
-
-    `generate` calls stopping criteria once per step with the token just appended to every row, which makes this
-    the place for per-row work. Returning a per-row bool tensor lets `generate` mark just that row finished (its
-    `unfinished_sequences`), so one chat's stop string or /cancel never cuts another chat's answer short.
-    """
-
-    def __init__(self, rows: list[BatchRow], prompt_width: int, tokenizer: Any, eos_ids: set[int],
-                 should_pause: Callable[[], bool] = lambda: False,
-                 on_finished: Callable[[BatchRow], None] = lambda row: None):
-        self.rows = rows
-        self.prompt_width = prompt_width
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        self.should_pause = should_pause
-        self.on_finished = on_finished  # told at once, not when the whole batch ends
-        self.paused = False
-
-    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        generated = input_ids.shape[1] - self.prompt_width
-        for index, row in enumerate(self.rows):
-            if not row.finished:
-                new_ids = input_ids[index, self.prompt_width:]
-                row.take(int(new_ids[-1]))
-                self._check(row, new_ids, generated)
-                if row.finished:
-                    row.new_ids = row.new_ids[: row._before] + new_ids[: row._ended_after].tolist()
-                    self.on_finished(row)
-        if not all(row.finished for row in self.rows) and self.should_pause():
-            self.paused = True
-            return torch.ones(len(self.rows), dtype=torch.bool, device=input_ids.device)
-        return torch.tensor([row.finished for row in self.rows], device=input_ids.device)
-
-    def _check(self, row: BatchRow, new_ids: torch.Tensor, generated: int) -> None:
-        total = row._before + generated
-        if row.is_cancelled():
-            row._ended_after, row.reason = generated, "cancelled"
-        elif int(new_ids[-1]) in self.eos_ids:
-            row._ended_after, row.reason = generated - 1, "stop"  # the end-of-turn token is not text
-        elif row.stop and _has_stop(self.tokenizer.decode(row.new_ids + new_ids.tolist()), row.stop):
-            row._ended_after, row.reason = generated, "stop"
-        elif total >= row.max_new_tokens:
-            row._ended_after, row.reason = generated, "length"
 
 
 def _has_stop(text: str, stop: Sequence[str]) -> bool:
@@ -215,47 +192,38 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
     return length if length >= MIN_SHARED_PREFIX else 0
 
 
-def cache_argument(model: Any) -> str:
-    """The name under which this transformers takes a KV cache: `cache` since v5, `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_tokens: int = 0,
                   store: PrefixCache | None = None, should_pause: Callable[[], bool] = lambda: False,
                   on_finished: Callable[[BatchRow], None] = lambda row: None,
-                  grammars: GrammarEngine | None = None) -> None:
+                  grammars: GrammarEngine | None = None, drafts: DraftLimits = DraftLimits()) -> None:
     """Greedy generation for all `rows` at once, each starting from the longest prefix `store` holds of it.
 
     Fills each row's `new_ids` and, once it ends, its `reason`, and tells `on_finished` at once (its caller need
     not wait for the batch's longest row). When `should_pause` turns true while rows are still generating (a
     newcomer waits), the batch stops after the current step: rows left unfinished keep their KV (`paused_kv`) and
     resume from it in the next batch, beside the newcomer. Rows with a grammar are masked by it (`grammars`
-    compiled them).
+    compiled them); each step may check a few draft tokens per row (`drafts`, decoding.py).
     """
     store = store if store is not None else PrefixCache(0)
     eos = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
     longest = max(row.max_new_tokens - len(row.new_ids) for row in rows)
-    config = _greedy_config(longest, min_new_tokens, eos, pad_id)
     with torch.inference_mode():
         hits, fresh = reusable_prefixes(model, [row.context_ids for row in rows], store,
                                         held=[row.paused_kv for row in rows])
         prefill_apart(model, rows, hits, fresh, store)
         layout = lay_out([row.context_ids for row in rows], [hit.length for hit in hits], pad_id, model.device)
-        cache = batch_cache(model, hits, layout.cached, layout.input_ids.shape[1], longest)
-        # Without a store (PREFIX_CACHE_MB=0) a batch runs to its end: the plain mode, one `generate` per batch.
-        stops = RowStops(rows, layout.input_ids.shape[1], tokenizer, eos,
-                         should_pause if store.budget_bytes else (lambda: False), on_finished)
+        # Room for every row's whole generation, and as much again for the holes that rejected drafts leave.
+        room = layout.input_ids.shape[1] + longest * (2 if drafts.per_row else 1)
+        cache = batch_cache(model, hits, layout.cached, layout.input_ids.shape[1], room - layout.input_ids.shape[1])
         _begin(rows, hits, fresh, store)
         log.debug("batch of %d: reused %s prompt tokens, computed %d columns", len(rows), layout.reused,
                   layout.input_ids.shape[1] - layout.cached)
-        output = model.generate(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
-                                generation_config=config, stopping_criteria=StoppingCriteriaList([stops]),
-                                logits_processor=_masks(rows, grammars), **{cache_argument(model): cache})
-        generated = output[:, layout.input_ids.shape[1]:].tolist()
-        for row in _keep_generated(rows, generated):
-            on_finished(row)
-        _store_rows(rows, layout, cache, store, steps=len(generated[0]) if generated else 0)
+        # Without a store (PREFIX_CACHE_MB=0) a batch runs to its end: the plain mode.
+        run = Decoding(model, tokenizer, eos, pad_id, min_new_tokens, grammars, drafts,
+                       should_pause if store.budget_bytes else (lambda: False), on_finished)
+        mask = decode(run, rows, layout.input_ids, layout.attention_mask, layout.cached, cache, room)
+        _store_rows(rows, mask, cache, store)
 
 
 def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixCache,
@@ -334,55 +302,21 @@ def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: Prefi
         if not row.new_ids:  # a row's first batch: count what its prompt reused
             row.reused_tokens = hit.length - computed_here
             store.count(row.reused_tokens, len(row.prompt_ids) - row.reused_tokens)
-        row._before, row._ended_after = len(row.new_ids), None
         row.paused_kv = None  # the batch's cache holds it now
 
 
-def _masks(rows: list[BatchRow], grammars: GrammarEngine | None) -> LogitsProcessorList:
-    """The grammar masks, when any row of the batch has a grammar; nothing otherwise (no cost per step)."""
-    if grammars is None or not any(row.grammar is not None for row in rows):
-        return LogitsProcessorList()
-    return LogitsProcessorList([GrammarMasks(grammars, rows)])
-
-
-def _greedy_config(longest: int, min_new_tokens: int, eos: set[int], pad_id: int) -> GenerationConfig:
-    # Greedy: a turn is reproducible, and a row's output does not depend on its batch neighbours.
-    # A fresh config, so a model's own sampling defaults (Qwen ships temperature/top_p) do not apply.
-    return GenerationConfig(do_sample=False, max_new_tokens=longest,
-                            min_new_tokens=min(min_new_tokens, longest),  # benchmarks only: fixed lengths
-                            eos_token_id=sorted(eos), pad_token_id=pad_id)
-
-
-def _keep_generated(rows: list[BatchRow], generated: list[list[int]]) -> list[BatchRow]:
-    """Add this batch's tokens to the rows still going (paused, or cut by `generate`'s own limit); rows that
-    ended have theirs already. Returns the rows that ended only here."""
-    ended_here = []
-    for row, ids in zip(rows, generated):
-        if row.finished:
-            continue
-        row.new_ids = row.new_ids + ids
-        if len(row.new_ids) >= row.max_new_tokens:
-            row.reason = "length"
-            ended_here.append(row)
-    return ended_here
-
-
-def _store_rows(rows: list[BatchRow], layout: BatchLayout, cache: DynamicCache, store: PrefixCache,
-                steps: int) -> None:
+def _store_rows(rows: list[BatchRow], mask: torch.Tensor, cache: DynamicCache, store: PrefixCache) -> None:
     """Keep each row's KV, its whole sequence so far: a finished row's in the store, for its chat's next call; a
-    paused row's on the row, for its next batch (whatever the store's budget)."""
-    width = layout.input_ids.shape[1]
+    paused row's on the row, for its next batch (whatever the store's budget). A row's tokens are the columns its
+    mask shows, in order (padding and a draft's rejected positions are not)."""
     for index, row in enumerate(rows):
         if row.finished and not store.budget_bytes:
             continue
-        before = len(row.prompt_ids) + row._before  # the row's tokens when this batch began
-        # The batch's last generated token was never fed back, so its KV is not in the cache.
-        new_here = min(len(row.new_ids) - row._before, max(steps - 1, 0))
-        columns = torch.cat([layout.own_columns(index, before), torch.arange(width, width + new_here)])
+        columns = mask[index].nonzero().squeeze(1)
         layers = [(layer.keys[index:index + 1].index_select(2, columns.to(layer.keys.device)),
                    layer.values[index:index + 1].index_select(2, columns.to(layer.values.device)))
                   for layer in cache.layers]
-        tokens = row.context_ids[: before + new_here]
+        tokens = row.context_ids[: len(columns)]  # the newest token was never fed back: its KV is not there
         if row.finished:
             store.put(tokens, layers)
         else:

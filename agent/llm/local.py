@@ -24,6 +24,7 @@ from agent.grammar import Grammar
 from agent.llm.attention import use_decode_attention
 from agent.llm.base import LLM, MODEL_DTYPES, CancelToken, Completion, Message, TextSink
 from agent.llm.constraints import GrammarEngine
+from agent.llm.drafts import DraftLimits
 from agent.llm.hub import hub_load_options
 from agent.llm.worker import Job, LoadedModel, ModelWorker
 
@@ -269,8 +270,9 @@ class LocalLLM(LLM):
     def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
                  batch_wait_ms: int = 20, min_new_tokens: int = 0, converted_dir: Path | None = None,
                  prefix_cache_mb: int = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
-                 native_tools: bool = False):
+                 native_tools: bool = False, drafts: DraftLimits = DraftLimits()):
         self.model_setting = model
+        self.drafts = drafts
         self.converted_dir = converted_dir
         self.prefix_cache_mb = prefix_cache_mb
         self.base_dir = base_dir  # where a relative MODEL path is looked for (the data directory)
@@ -291,7 +293,8 @@ class LocalLLM(LLM):
         worker = ModelWorker(lambda: load_model(source, self.device_map, self.dtype, self.converted_dir,
                                                 self.cache_dir, self.native_tools),
                              batch_size=self.batch_size, batch_wait=self.batch_wait_ms / 1000,
-                             min_new_tokens=self.min_new_tokens, prefix_cache_bytes=self.prefix_cache_mb << 20)
+                             min_new_tokens=self.min_new_tokens, prefix_cache_bytes=self.prefix_cache_mb << 20,
+                             drafts=self.drafts)
         loaded = await worker.start()
         # A copy is a separate Rust object, so the loop and the model thread never share a tokenizer. Copying
         # here is safe: no job can reach the model thread before `self._worker` is set below.

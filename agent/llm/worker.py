@@ -34,6 +34,7 @@ from agent.grammar import Grammar
 from agent.llm.base import CancelToken, Completion, Message, TextSink, trim_at_stop
 from agent.llm.batching import BatchRow, generate_rows, render_prompt
 from agent.llm.constraints import GrammarEngine, RowGrammar
+from agent.llm.drafts import DraftLimits
 from agent.llm.prefix_cache import PrefixCache
 from agent.llm.text_stream import TextStream
 
@@ -109,9 +110,10 @@ class ModelWorker:
     """Owns the model thread: loads the model there, then runs batches of jobs until closed."""
 
     def __init__(self, load: Callable[[], LoadedModel], *, batch_size: int, batch_wait: float = 0.0,
-                 min_new_tokens: int = 0, prefix_cache_bytes: int = 0):
+                 min_new_tokens: int = 0, prefix_cache_bytes: int = 0, drafts: DraftLimits = DraftLimits()):
         self._load = load
         self.batch_size = batch_size
+        self.drafts = drafts  # draft tokens a step may check per row and per batch (drafts.py)
         self.batch_wait = batch_wait  # seconds a batch may wait, from its first job's arrival, for more jobs
         # Benchmarks only: force every row to generate at least this many tokens, so runs are comparable.
         self.min_new_tokens = min_new_tokens
@@ -240,7 +242,8 @@ class ModelWorker:
         try:
             generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens, self.prefix_cache,
                           should_pause=lambda: self._newcomer_waits(rows),
-                          on_finished=lambda row: _settle_row(loaded.tokenizer, row), grammars=loaded.grammars)
+                          on_finished=lambda row: _settle_row(loaded.tokenizer, row), grammars=loaded.grammars,
+                          drafts=self.drafts)
         except torch.OutOfMemoryError:
             _free_device_memory()
             _fail(rows, LLMOutOfMemory(

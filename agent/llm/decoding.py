@@ -1,0 +1,176 @@
+"""The decode loop of one batch: greedy steps over the batch's KV cache, each row checking a few draft tokens.
+
+Runs on the model thread only (see `worker.py`), called by `generate_rows` (batching.py) once the batch is laid out
+and its cache holds the reused prefixes. Our own loop rather than `model.generate`, because a step here may feed
+each row more than one token: its next token and the draft that may follow it (drafts.py). One pass computes them
+all; each row then takes the model's greedy choice position by position, for as long as the draft agrees, so the
+text is what one token a step would give. A draft's rejected positions stay in the cache as masked holes: the rows
+of a batch share their columns, so a row that took fewer tokens cannot close up; positions are counted per row.
+
+The per-row work after every pass, position by position (`Verifier`):
+
+- the grammar of a constrained row masks its scores at each position (its matcher moves on with each token taken);
+- the benchmark's `min_new_tokens` bans the end-of-turn tokens until a row has that many;
+- each token taken goes to the row (`BatchRow.take`: grammar, streamed text), then the row's ends are checked:
+  cancel token, end of turn, stop strings, token limit. A row that ends is handed to `on_finished` at once.
+
+Between passes the batch pauses when a newcomer waits (`should_pause`): its rows then resume in the next batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from agent.llm.constraints import GrammarEngine, unpack_bitmask
+from agent.llm.drafts import DraftLimits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Decoding:
+    """What the loop needs besides the rows: the model and how a row ends."""
+
+    model: Any
+    tokenizer: Any
+    eos_ids: set[int]
+    pad_id: int
+    min_new_tokens: int = 0
+    grammars: GrammarEngine | None = None
+    drafts: DraftLimits = DraftLimits()
+    should_pause: Callable[[], bool] = lambda: False
+    on_finished: Callable[[Any], None] = lambda row: None
+
+
+def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: torch.Tensor, cached: int,
+           cache: Any, room: int) -> torch.Tensor:
+    """Generate for `rows` (batching.py's `BatchRow`) until every one has ended or the batch pauses; returns the
+    final attention mask, whose ones are the columns of the cache holding each row's tokens.
+
+    `input_ids`/`mask` are the laid-out batch (`[reused prefix][padding][own tokens]`); the cache holds its first
+    `cached` columns and has `room` columns in all."""
+    mask = mask.clone()
+    positions = (mask.sum(dim=1) - 1).clamp(min=0)  # each row's last prompt token's position
+    first = _forward(run.model, input_ids[:, cached:], mask, _prompt_positions(mask)[:, cached:], cache, keep=1)
+    Verifier(run, rows).take(first, [[] for _ in rows])
+    positions += 1
+    passes, drafted, agreed = 1, 0, 0
+    while any(not row.finished for row in rows) and not run.should_pause():
+        drafts = _drafts(run, rows, room - mask.shape[1])
+        width = 1 + max(map(len, drafts))
+        ids, fed = _step_inputs(rows, drafts, width, run.pad_id, mask.device)
+        mask = torch.cat([mask, fed], dim=1)
+        logits = _forward(run.model, ids, mask, positions[:, None] + torch.arange(width, device=mask.device), cache,
+                          keep=width)
+        taken = Verifier(run, rows).take(logits, drafts)
+        for index, count in enumerate(taken):  # a draft's rejected positions become holes
+            mask[index, mask.shape[1] - width + count:] = 0
+        positions += torch.tensor(taken, device=mask.device)
+        passes, drafted, agreed = passes + 1, drafted + sum(map(len, drafts)), agreed + sum(max(0, n - 1) for n in taken)
+    log.debug("decoded %d rows in %d passes: %d draft tokens checked, %d taken", len(rows), passes, drafted, agreed)
+    return mask
+
+
+def cache_argument(model: Any) -> str:
+    """The name under which this transformers takes a KV cache: `cache` since v5, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _prompt_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Each column's position in its row: how many of the row's tokens come before it (0 on padding)."""
+    return (mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def _forward(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any,
+             keep: int) -> torch.Tensor:
+    """One pass over `ids` (appended to the cache): the scores of its last `keep` columns, as float32."""
+    output = model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_argument(model): cache},
+                   use_cache=True, logits_to_keep=keep)
+    return output.logits.float()
+
+
+def _drafts(run: Decoding, rows: Sequence[Any], free_columns: int) -> list[list[int]]:
+    """Each live row's draft: as long as the limits allow, and never so long that the cache's room could run out
+    before the longest row's token limit (a step uses 1 + the longest draft columns, and takes at least 1)."""
+    live = [row for row in rows if not row.finished]
+    needed = max(row.max_new_tokens - len(row.new_ids) for row in live)
+    limit = min(run.drafts.for_rows(len(live)), max(0, free_columns - needed))
+    return [row.draft(min(limit, row.max_new_tokens - len(row.new_ids) - 1)) if not row.finished else []
+            for row in rows]
+
+
+def _step_inputs(rows: Sequence[Any], drafts: list[list[int]], width: int, pad_id: int,
+                 device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's tokens, `[newest token][draft][padding]` per row, and their mask (ended rows feed nothing)."""
+    ids, fed = [], []
+    for row, draft in zip(rows, drafts):
+        tokens = [] if row.finished else [row.context_ids[-1], *draft]
+        ids.append(tokens + [pad_id] * (width - len(tokens)))
+        fed.append([1] * len(tokens) + [0] * (width - len(tokens)))
+    return torch.tensor(ids, device=device), torch.tensor(fed, device=device, dtype=torch.long)
+
+
+class Verifier:
+    """One pass's choices: each live row takes the greedy token at each position, while its draft agrees."""
+
+    def __init__(self, run: Decoding, rows: Sequence[Any]):
+        self.run = run
+        self.rows = rows
+
+    def take(self, logits: torch.Tensor, drafts: Sequence[Sequence[int]]) -> list[int]:
+        """Let every live row take its tokens from `logits` ([rows, positions, vocabulary]); returns, per row, how
+        many of the fed columns hold its tokens (its newest token, and the draft tokens it agreed with)."""
+        taken = [0] * len(self.rows)
+        going = [index for index, row in enumerate(self.rows) if not row.finished]
+        plain = logits.argmax(dim=-1).tolist()  # every position's choice where nothing masks it: one call
+        for position in range(logits.shape[1]):
+            if not going:
+                break
+            choices = self._choose(logits[:, position], going, [best[position] for best in plain])
+            going = [index for index in going if self._accept(index, choices[index], drafts[index], position,
+                                                              taken)]
+        return taken
+
+    def _choose(self, scores: torch.Tensor, going: list[int], plain: list[int]) -> dict[int, int]:
+        """The greedy token of each going row at one position, after its grammar and the end-token ban; rows
+        with neither take their `plain` choice."""
+        masked = [index for index in going if self.rows[index].constraint is not None
+                  or len(self.rows[index].new_ids) < self.run.min_new_tokens]
+        if not masked:
+            return {index: plain[index] for index in going}
+        scores = scores.clone()
+        self._ban_early_ends(scores, going)
+        self._apply_grammars(scores, going)
+        best = scores.argmax(dim=-1).tolist()
+        return {index: best[index] if index in masked else plain[index] for index in going}
+
+    def _ban_early_ends(self, scores: torch.Tensor, going: list[int]) -> None:
+        early = [index for index in going if len(self.rows[index].new_ids) < self.run.min_new_tokens]
+        if early:
+            scores[torch.tensor(early)[:, None], torch.tensor(sorted(self.run.eos_ids))[None, :]] = float("-inf")
+
+    def _apply_grammars(self, scores: torch.Tensor, going: list[int]) -> None:
+        constrained = [index for index in going if self.rows[index].constraint is not None]
+        if not constrained or self.run.grammars is None:
+            return
+        engine = self.run.grammars
+        bitmask = torch.zeros((len(constrained), (engine.vocab_size + 31) // 32), dtype=torch.int32)
+        engine.fill_masks([self.rows[index].constraint for index in constrained], bitmask)
+        allowed = unpack_bitmask(bitmask, scores.shape[1]).to(scores.device)
+        which = torch.tensor(constrained, device=scores.device)
+        scores[which] = scores[which].masked_fill(~allowed, float("-inf"))
+
+    def _accept(self, index: int, token: int, draft: Sequence[int], position: int, taken: list[int]) -> bool:
+        """Row `index` takes `token` at `position`; whether it goes on to the next position."""
+        row = self.rows[index]
+        taken[index] = position + 1  # the column fed at this position holds one of its tokens
+        row.add(token, self.run.tokenizer, self.run.eos_ids)
+        if row.finished:
+            self.run.on_finished(row)
+            return False
+        return position < len(draft) and draft[position] == token
