@@ -71,7 +71,8 @@ def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: to
         for index, count in enumerate(taken):  # a draft's rejected positions become holes
             mask[index, mask.shape[1] - width + count:] = 0
         positions += torch.tensor(taken, device=mask.device)
-        passes, drafted, agreed = passes + 1, drafted + sum(map(len, drafts)), agreed + sum(max(0, n - 1) for n in taken)
+        passes, drafted = passes + 1, drafted + sum(map(len, drafts))
+        agreed += sum(max(0, count - 1) for count in taken)
     log.debug("decoded %d rows in %d passes: %d draft tokens checked, %d taken", len(rows), passes, drafted, agreed)
     return mask
 
