@@ -108,6 +108,7 @@ cpp_start=$(( ($(date +%s%N) - start_ns) / 1000000 ))
 echo "== machine"
 echo "date: $(date -Is)"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), nproc $(nproc), $(free -g | awk '/^Mem:/{print $2}') GiB"
+echo "bf16: $(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo 'the CPU has avx512_bf16 or AMX: MODEL_DTYPE=auto is bfloat16 here' || echo 'no bf16 instructions: MODEL_DTYPE=auto is float32 here')"
 echo "load before: $(uptime)"
 echo "torch/transformers: $(.venv/bin/python -c 'import torch, transformers; print(torch.__version__, transformers.__version__)')"
 echo "llama-cpp-python: $("$LLAMA_PY" -c 'import llama_cpp; print(llama_cpp.__version__)'), llama-server: $("$LLAMA_SERVER" --version 2>&1 | grep -m1 -i version || echo '?')"

@@ -190,3 +190,28 @@ def test_native_mode_is_allowed_when_the_chat_template_renders_tools(tokenizer):
                              "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
                              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     check_renders_tools(ModelSource("qwen-like", "."), renders)  # does not raise
+
+
+def fed(engine: GrammarEngine, tokenizer, grammar: Grammar, text: str):
+    """A row's grammar after the reply so far, `text`."""
+    row = engine.row(grammar)
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        row.advance(token)
+    assert row.active, row.failure
+    return row
+
+
+def test_a_draft_is_what_the_grammar_forces_next(engine, tokenizer, tools):
+    # After the tool's name, the step can only go on with its argument line's opening.
+    row = fed(engine, tokenizer, react_step_grammar(tools, continuing=False),
+              "Thought: 查一下。\nAction: course_list")
+    forced = row.draft([])
+    assert forced and tokenizer.decode(forced).startswith("\nAction Input:")
+
+
+def test_a_guess_is_cut_where_the_grammar_would_refuse_it(engine, tokenizer, tools):
+    row = fed(engine, tokenizer, react_step_grammar(tools, continuing=False), "Thought: ")
+    fits = tokenizer.encode("查一下。", add_special_tokens=False)
+    refused = tokenizer.encode("\nObservation: 200", add_special_tokens=False)  # no Action after the Thought
+    assert row.draft(fits + refused) == fits + refused[:1]  # the newline would end the Thought: still allowed
+    assert row.draft([]) == []

@@ -61,7 +61,8 @@ class BatchRow:
     resumes in a later batch from its stored KV, with `new_ids` holding what it generated so far.
 
     Per-row state that changes as tokens come lives here, not in the batch, so it survives a pause: the row's
-    grammar matcher and the text streamed to its caller. `RowStops` updates both after every step, through `take`.
+    grammar matcher, the text streamed to its caller, its draft index. The decode loop hands it each token it takes
+    (`add`, then `take`).
     """
 
     prompt_ids: list[int]
@@ -120,12 +121,14 @@ class BatchRow:
             self.reason = "length"
 
     def draft(self, limit: int) -> list[int]:
-        """Up to `limit` tokens that may come next, looked up in the row's own context (drafts.py)."""
+        """Up to `limit` tokens that may come next: looked up in the row's own context (drafts.py), or for a
+        constrained row what its grammar forces or accepts of that."""
         if limit <= 0:
             return []
         if self._drafts is None:
             self._drafts = DraftIndex(self.context_ids)
-        return self._drafts.propose(limit)
+        guess = self._drafts.propose(limit)
+        return guess if self.constraint is None else self.constraint.draft(guess)[:limit]
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -152,7 +155,7 @@ class BatchLayout:
     """The batch as tensors, each row `[reused prefix][padding][own tokens]`, and the mask hiding the padding.
 
     The reused prefixes (their KV comes from the prefix cache) fill the first `cached` columns; every row's last
-    token is in the last column. `generate` derives positions from the mask, so each row's own tokens continue at
+    token is in the last column. The decode loop counts positions from the mask, so each row's own tokens continue at
     the right position whatever its padding.
     """
 

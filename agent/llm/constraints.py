@@ -2,9 +2,10 @@
 
     GrammarEngine     once per model: llguidance's view of the tokenizer and a thread pool for masks
     RowGrammar        one row's matcher: it takes each token the row generates, and knows if it failed
-    GrammarMasks      the logits processor of one `generate`: before every token, the masks of all constrained
-                      rows are filled in one call (`fill_next_token_bitmask_par`) and applied; a row without a
-                      grammar, or one that has ended, is left exactly as it was
+
+The decode loop (decoding.py) fills the masks of all constrained rows of a batch in one call before each token
+(`GrammarEngine.fill_masks`, llguidance's `fill_next_token_bitmask_par`) and applies them; a row without a grammar,
+or one that has ended, is left exactly as it was.
 
 A token the mask allowed is always accepted by the matcher; should it ever not be (a bug, or a forced token such as
 the end-of-turn token the benchmark's `min_new_tokens` bans), the row goes on unconstrained and the reason is
@@ -19,7 +20,6 @@ from functools import cached_property
 from typing import Any, Sequence
 
 import torch
-from transformers import LogitsProcessor
 
 from agent.errors import LLMError
 from agent.grammar import Grammar
@@ -41,6 +41,16 @@ class RowGrammar:
     def active(self) -> bool:
         """Whether the grammar still masks this row."""
         return not self.failure
+
+    def draft(self, guess: list[int]) -> list[int]:
+        """What the row may check ahead: the tokens the grammar forces next (an action's `Action Input: `, a
+        JSON key), else the part of `guess` (drafts.py) the grammar would accept; `guess` once it has failed."""
+        if self.failure:
+            return guess
+        forced = self.matcher.compute_ff_tokens()
+        if forced:
+            return forced
+        return guess[: self.matcher.validate_tokens(guess)] if guess else []
 
     def advance(self, token_id: int) -> None:
         """Feed the row's newest token; a rejected one ends the constraint (logged), never the row."""
@@ -90,30 +100,6 @@ class GrammarEngine:
         from llguidance.torch import fill_next_token_bitmask_par
 
         fill_next_token_bitmask_par(self._llguidance[1], [(row.matcher, i) for i, row in enumerate(rows)], bitmask)
-
-
-class GrammarMasks(LogitsProcessor):
-    """Masks the next-token scores of every live constrained row of one batch.
-
-    `rows` are the batch's rows in batch order; each has `constraint`, its `RowGrammar` while it is live and
-    constrained, else None (batching.py's `BatchRow`).
-    """
-
-    def __init__(self, engine: GrammarEngine, rows: Sequence[Any]):
-        self.engine = engine
-        self.rows = rows
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        live = [(index, row.constraint) for index, row in enumerate(self.rows) if row.constraint is not None]
-        if not live:
-            return scores
-        indices = [index for index, _ in live]
-        bitmask = torch.zeros((len(live), (self.engine.vocab_size + 31) // 32), dtype=torch.int32)
-        self.engine.fill_masks([grammar for _, grammar in live], bitmask)
-        allowed = unpack_bitmask(bitmask, scores.shape[1]).to(scores.device)
-        rows = torch.tensor(indices, device=scores.device)
-        scores[rows] = scores[rows].masked_fill(~allowed, float("-inf"))
-        return scores
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -110,7 +110,7 @@ def _step_inputs(rows: Sequence[Any], drafts: list[list[int]], width: int, pad_i
     """The step's tokens, `[newest token][draft][padding]` per row, and their mask (ended rows feed nothing)."""
     ids, fed = [], []
     for row, draft in zip(rows, drafts):
-        tokens = [] if row.finished else [row.context_ids[-1], *draft]
+        tokens = [] if row.finished else [row.new_ids[-1], *draft]  # a live row has taken a token by now
         ids.append(tokens + [pad_id] * (width - len(tokens)))
         fed.append([1] * len(tokens) + [0] * (width - len(tokens)))
     return torch.tensor(ids, device=device), torch.tensor(fed, device=device, dtype=torch.long)
@@ -153,7 +153,8 @@ class Verifier:
     def _ban_early_ends(self, scores: torch.Tensor, going: list[int]) -> None:
         early = [index for index in going if len(self.rows[index].new_ids) < self.run.min_new_tokens]
         if early:
-            scores[torch.tensor(early)[:, None], torch.tensor(sorted(self.run.eos_ids))[None, :]] = float("-inf")
+            rows = torch.tensor(early, device=scores.device)[:, None]
+            scores[rows, torch.tensor(sorted(self.run.eos_ids), device=scores.device)[None, :]] = float("-inf")
 
     def _apply_grammars(self, scores: torch.Tensor, going: list[int]) -> None:
         constrained = [index for index in going if self.rows[index].constraint is not None]

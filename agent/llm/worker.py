@@ -3,7 +3,7 @@
     event loop                               model thread
     ──────────                               ────────────
     submit(Job) ──── queue.Queue ──────────▶ take every pending job (up to batch_size)
-                                             one `generate` for all of them (batching.py), each row
+                                             one decode loop for all of them (batching.py), each row
                                              masked by its own grammar (if its caller gave one) and
                                              ending on its own stop strings / token limit / cancel token
     job.on_text ◀─────── call_soon_threadsafe ─ each row's new text as it is generated (if its caller listens)
