@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from agent.llm.attention import NAME, SDPA_SINGLE_BELOW, decode_attention, use_decode_attention
+from agent.llm.attention import NAME, decode_attention, use_decode_attention
 
 
 class Module:  # what an attention function reads of its layer
@@ -16,11 +16,10 @@ class Module:  # what an attention function reads of its layer
     num_key_value_groups = 3
 
 
-def random_attention(width: int = 1, batch: int = SDPA_SINGLE_BELOW, heads: int = 6, kv_heads: int = 2,
-                     length: int = 9, dim: int = 8):
-    """A query of `width` tokens per row at the end of `length` columns (enough rows that even one token takes the
-    matrix-product path); the second row left-padded, and for a wider query the causal mask (each query token
-    sees the columns up to its own)."""
+def random_attention(width: int = 1, batch: int = 4, heads: int = 6, kv_heads: int = 2, length: int = 9,
+                     dim: int = 8):
+    """A query of `width` tokens per row at the end of `length` columns; the second row left-padded, and for a
+    wider query the causal mask (each query token sees the columns up to its own)."""
     generator = torch.Generator().manual_seed(3)
     query = torch.randn(batch, heads, width, dim, generator=generator)
     key = torch.randn(batch, kv_heads, length, dim, generator=generator)
@@ -36,7 +35,7 @@ def test_a_short_query_attends_as_sdpa_does_padding_and_grouped_heads_included(w
     query, key, value, mask = random_attention(width)
     ours, _ = decode_attention(Module(), query, key, value, mask, scaling=0.3)
     theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.3)
-    assert ours.shape == theirs.shape == (SDPA_SINGLE_BELOW, width, 6, 8)
+    assert ours.shape == theirs.shape == (4, width, 6, 8)
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 

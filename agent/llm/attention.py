@@ -3,11 +3,11 @@ see drafts.py), as two matrix products over the KV cache.
 
 With the long ReAct prompts of this bot (~900-1,900 tokens of context per row) a decode step spends as much time in
 attention as in the linear layers: every row reads its whole KV cache. PyTorch's CPU `scaled_dot_product_attention`
-runs a blocked flash kernel built for long queries, and transformers copies the KV three times over first for
-grouped-query models when a query has more than one token (`repeat_kv`). Measured on a 2-core AVX-512 CPU with
-SmolLM2-135M (9 query and 3 KV heads), 8 rows × 900 tokens in bf16: a step of 2 tokens per row took 190 ms through
-sdpa against 76 ms for 1 token; here the two cost about the same. Prompts (more than `SHORT_QUERY` tokens) stay on
-sdpa, the faster of the two there.
+runs a blocked flash kernel built for long queries, copies the batch cache's views, and transformers copies the KV
+three times over first for grouped-query models when a query has more than one token (`repeat_kv`). Measured on a
+2-core AVX-512 CPU, SmolLM2-135M in bf16 (9 query and 3 KV heads), a whole model pass over 900 cached tokens: 1
+row × 1 token 40 ms here against 61 ms through sdpa, 8 rows × 1 token 79 against 189, 8 rows × 2 tokens 86 against
+139. Prompts (more than `SHORT_QUERY` tokens) stay on sdpa, the faster of the two there.
 
 The query heads that share a KV head are stacked as rows of one product (grouped-query attention without copying
 the KV, as transformers' own `pack_gqa` does). Registered with transformers' `AttentionInterface` under `NAME`,
@@ -23,9 +23,6 @@ import torch
 NAME = "qwenbot_cpu_decode"
 # Queries of up to this many tokens take the matrix-product path; longer ones (prompts) go to sdpa.
 SHORT_QUERY = 16
-# A one-token query of fewer rows than this goes to sdpa too: its kernel reads the KV in place (transformers packs
-# the grouped heads) and has less overhead than two products there (1 row × 1,000 tokens: 119 µs against 185).
-SDPA_SINGLE_BELOW = 4
 
 
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -36,8 +33,7 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     [batch, q, heads, dim]."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    width, rows = query.shape[2], query.shape[0]
-    if width > SHORT_QUERY or module.training or (width == 1 and rows < SDPA_SINGLE_BELOW):
+    if query.shape[2] > SHORT_QUERY or module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     batch, heads, width, dim = query.shape
