@@ -11,7 +11,7 @@ repeat, concurrency by concurrency, contender by contender) so that background n
                        (agent/grammar.py; llguidance masks per row): what constrained decoding costs
     local, int8        (--modes local-int8) "local" with MODEL_DTYPE=int8: int8 linear layers on a CPU
     local, fp32        (--modes local-fp32) "local" with MODEL_DTYPE=float32: exact, where `auto` picks bf16
-    local, no drafts   (--modes local-nodrafts) "local" with DRAFT_TOKENS=0: one token per row a step
+    local, no drafts   (--modes local-nodrafts) "local" with SPECULATIVE_TOKENS=0: one token per row a step
     raw generate       the ceiling: the same prompts through `generate_rows` directly, no agent around it
     --openai URL       our openai backend (`OpenAILLM`) against a server: llama.cpp's, vLLM, anything
 
@@ -124,12 +124,12 @@ def specs(args: argparse.Namespace) -> list[Spec]:
                 probe_tokens=args.probe_tokens, probe_gap=args.probe_gap, probes=args.probes, dtype=args.dtype,
                 device_map=args.device_map, batch_size=args.batch_size, batch_wait_ms=args.batch_wait_ms,
                 prefix_cache_mb=args.prefix_cache_mb, converted_dir=str(args.converted_dir),
-                draft_tokens=args.draft_tokens, draft_step_tokens=args.draft_step_tokens)
+                speculative_tokens=args.speculative_tokens, speculative_step_tokens=args.speculative_step_tokens)
     chosen = [replace(base, kind="raw" if mode == "raw" else "local", label=MODES[mode],
                       prefix_cache_mb=0 if mode == "local-nocache" else args.prefix_cache_mb,
                       listen=mode == "local-streamed", grammar=mode == "local-grammar",
                       dtype=MODE_DTYPES.get(mode, args.dtype),
-                      draft_tokens=0 if mode == "local-nodrafts" else args.draft_tokens)
+                      speculative_tokens=0 if mode == "local-nodrafts" else args.speculative_tokens)
               for mode in args.modes]
     if args.openai:
         banned = tuple(args.ban_token_ids) if args.ban_token_ids is not None else end_token_ids(args.model)
@@ -412,8 +412,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8, help="BATCH_SIZE of the model thread")
     parser.add_argument("--batch-wait-ms", type=int, default=20, help="BATCH_WAIT_MS of the model thread")
     parser.add_argument("--prefix-cache-mb", type=int, default=512, help="PREFIX_CACHE_MB of the cached mode")
-    parser.add_argument("--draft-tokens", type=int, default=5, help="DRAFT_TOKENS of our modes (0: none)")
-    parser.add_argument("--draft-step-tokens", type=int, default=8, help="DRAFT_STEP_TOKENS of our modes")
+    parser.add_argument("--speculative-tokens", type=int, default=5, help="SPECULATIVE_TOKENS of our modes (0: none)")
+    parser.add_argument("--speculative-step-tokens", type=int, default=8, help="SPECULATIVE_STEP_TOKENS of our modes")
     parser.add_argument("--dtype", default="auto", help="MODEL_DTYPE (auto: bf16 where the hardware has it)")
     parser.add_argument("--device-map", default="cpu", help="MODEL_DEVICE_MAP (cuda or auto on a GPU machine)")
     parser.add_argument("--converted-dir", type=Path, default=ROOT / ".cache" / "converted-models",

@@ -59,8 +59,8 @@ class Spec:
     server_pid: int = 0
     listen: bool = False  # the turns have a listener (as in Telegram and the terminal): every call streams
     grammar: bool = False  # every call decoded under the agent's step grammar (local only)
-    draft_tokens: int = 5  # DRAFT_TOKENS (local only; 0: no drafts)
-    draft_step_tokens: int = 8  # DRAFT_STEP_TOKENS
+    speculative_tokens: int = 5  # SPECULATIVE_TOKENS (local only; 0: no drafts)
+    speculative_step_tokens: int = 8  # SPECULATIVE_STEP_TOKENS
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,8 @@ def settings_for(spec: Spec, folder: Path) -> Settings:
                     batch_wait_ms=spec.batch_wait_ms, max_new_tokens=spec.new_tokens, turn_timeout_seconds=3600,
                     prefix_cache_mb=spec.prefix_cache_mb, tokenizer_vocab_path=ROOT / "data" / "qwen.tiktoken",
                     openai_base_url=spec.openai_url, openai_model=spec.openai_model,
-                    constrained_decoding=spec.grammar, draft_tokens=spec.draft_tokens,
-                    draft_step_tokens=spec.draft_step_tokens)
+                    constrained_decoding=spec.grammar, speculative_tokens=spec.speculative_tokens,
+                    speculative_step_tokens=spec.speculative_step_tokens)
 
 
 def backend_for(spec: Spec, settings: Settings) -> LLM:
@@ -140,7 +140,7 @@ def backend_for(spec: Spec, settings: Settings) -> LLM:
                     batch_wait_ms=spec.batch_wait_ms, min_new_tokens=max(spec.new_tokens, spec.probe_tokens),
                     converted_dir=Path(spec.converted_dir) if spec.converted_dir else None,
                     prefix_cache_mb=spec.prefix_cache_mb,
-                    drafts=DraftLimits(settings.draft_tokens, settings.draft_step_tokens))
+                    drafts=DraftLimits(settings.speculative_tokens, settings.speculative_step_tokens))
 
 
 class AgentContender:
@@ -245,7 +245,7 @@ class RawContender:
                          for messages in calls[start:start + self.spec.batch_size]]
                 began = time.perf_counter()
                 generate_rows(model, tokenizer, batch, self.spec.new_tokens, self.store,
-                              drafts=DraftLimits(self.spec.draft_tokens, self.spec.draft_step_tokens))
+                              drafts=DraftLimits(self.spec.speculative_tokens, self.spec.speculative_step_tokens))
                 seconds += time.perf_counter() - began
                 rows.extend(batch)
         return (seconds, sum(len(r.new_ids) for r in rows), sum(len(r.prompt_ids) for r in rows),

@@ -64,8 +64,8 @@ class Settings:
     model_cache_dir: Path = Path("models")
     model_converted_dir: Path = Path("converted-models")
     prefix_cache_mb: int = 512
-    draft_tokens: int = DraftLimits.per_row
-    draft_step_tokens: int = DraftLimits.per_step
+    speculative_tokens: int = DraftLimits.per_row
+    speculative_step_tokens: int = DraftLimits.per_step
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: str = "EMPTY"
     openai_model: str = ""
@@ -173,7 +173,7 @@ class Settings:
                      "instance_lock_wait_seconds", "mcp_retry_seconds"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name.upper()} must be 0 or more, got {getattr(self, name)}")
-        for name in ("prefix_cache_mb", "draft_tokens", "draft_step_tokens"):
+        for name in ("prefix_cache_mb", "speculative_tokens", "speculative_step_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.upper()} must be 0 or more, got {getattr(self, name)}")
         if self.batch_wait_ms < 0:

@@ -130,7 +130,7 @@ def build_llm(settings: Settings) -> LLM:
                         converted_dir=settings.model_converted_dir, prefix_cache_mb=settings.prefix_cache_mb,
                         base_dir=settings.data_dir, cache_dir=settings.model_cache_dir,
                         native_tools=settings.agent_mode == "native",
-                        drafts=DraftLimits(settings.draft_tokens, settings.draft_step_tokens))
+                        drafts=DraftLimits(settings.speculative_tokens, settings.speculative_step_tokens))
     if settings.llm_backend == "openai":
         from agent.llm.openai import OpenAILLM
 

@@ -3,7 +3,7 @@ text of one token a step, alone and in a batch, with and without a grammar; and 
 takes fewer passes.
 
 Two `LocalLLM`s on SmolLM2-135M in fp32 (exact: a step's width does not change a greedy choice there), one with
-drafts off (DRAFT_TOKENS=0) and one with the defaults.
+drafts off (SPECULATIVE_TOKENS=0) and one with the defaults.
 """
 
 from __future__ import annotations

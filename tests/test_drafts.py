@@ -41,4 +41,4 @@ def test_rows_share_the_steps_tokens_and_a_full_batch_checks_no_drafts() -> None
     assert limits.for_rows(2) == 3
     assert limits.for_rows(4) == 1
     assert limits.for_rows(8) == 0
-    assert DraftLimits(per_row=0, per_step=8).for_rows(1) == 0  # DRAFT_TOKENS=0: off
+    assert DraftLimits(per_row=0, per_step=8).for_rows(1) == 0  # SPECULATIVE_TOKENS=0: off

@@ -7,8 +7,9 @@ the row's next token and checks it in the same forward pass: on a CPU a pass rea
 computes one token or six, so every guessed token the model agrees with is a token for free. The check takes the
 model's own greedy choice at every position, so the output is the one plain decoding gives.
 
-Measured on the benchmark's ReAct prompts (bench/README.md) with SmolLM2-135M: 1.86 tokens per pass with up to 5
-guessed, a 1.6x faster decode for one chat.
+Measured on the benchmark's ReAct prompts with SmolLM2-135M on 2 CPU cores: 1.86-2.17 tokens per pass with up to 5
+guessed; a turn for one chat 4.91 -> 4.18 s, 8 chats 46.3 -> 54.2 tokens/s (bench/README.md). Settings:
+SPECULATIVE_TOKENS (`DraftLimits.per_row`) and SPECULATIVE_STEP_TOKENS (`per_step`).
 """
 
 from __future__ import annotations
