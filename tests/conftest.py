@@ -8,9 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from db import Database, open_database
 from tools import ToolRegistry, build_registry
+from tools.registry import tools_for_turn
 
 
 @pytest.fixture
@@ -31,3 +33,11 @@ async def db(db_path: Path):
 def registry(db: Database) -> ToolRegistry:
     """Every tool the bot ships, over the test's database."""
     return build_registry(db, timeout_seconds=5.0)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def turn_tools(tmp_path_factory):
+    """The shipped tools as a turn sees them (course_query narrowed to the seeded course names), once per module."""
+    database = await open_database(tmp_path_factory.mktemp("db") / "bot.sqlite3")
+    yield await tools_for_turn(build_registry(database))
+    await database.close()

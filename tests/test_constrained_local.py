@@ -12,6 +12,7 @@ import re
 from contextlib import contextmanager
 from typing import Iterator
 
+import pytest
 import pytest_asyncio
 
 from agent.conversations import ReactConversation, TurnRules
@@ -20,9 +21,7 @@ from agent.grammar import Grammar, GrammarLimits
 from agent.llm.local import LocalLLM
 from agent.react import parse_react
 from agent.steps import ToolRequest
-from db import open_database
-from tools import build_registry
-from tools.registry import tools_for_turn, validation_problem
+from tools.registry import validation_problem
 from tests.real_model import GGUF, real_model_test, started_local_llm, worker_log_watched
 
 QUESTION = "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？"
@@ -38,12 +37,10 @@ async def llm():
     await backend.close()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def tools(tmp_path_factory):
-    """The shipped tools as a turn sees them: course_query narrowed to the seeded course names."""
-    db = await open_database(tmp_path_factory.mktemp("db") / "bot.sqlite3")
-    yield await tools_for_turn(build_registry(db))
-    await db.close()
+@pytest.fixture(scope="module")
+def tools(turn_tools):
+    """The shipped tools as a turn sees them (conftest.py)."""
+    return turn_tools
 
 
 @contextmanager

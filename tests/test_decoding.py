@@ -17,10 +17,7 @@ import pytest_asyncio
 from agent.conversations import ReactConversation, TurnRules
 from agent.grammar import GrammarLimits
 from agent.llm.drafts import DraftLimits
-from db import open_database
 from tests.real_model import real_model_test, started_local_llm, worker_log_watched
-from tools import build_registry
-from tools.registry import tools_for_turn
 
 QUESTION = "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？"
 OBSERVATION = '{"course": "大模型技术实战", "lessons": 200, "updates_per_week": 3, "hours_per_update": 2}'
@@ -40,12 +37,10 @@ async def engines(tmp_path_factory):
     await drafting.close()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def tools(tmp_path_factory):
-    """The shipped tools as a turn sees them."""
-    db = await open_database(tmp_path_factory.mktemp("db") / "bot.sqlite3")
-    yield await tools_for_turn(build_registry(db))
-    await db.close()
+@pytest.fixture(scope="module")
+def tools(turn_tools):
+    """The shipped tools as a turn sees them (conftest.py)."""
+    return turn_tools
 
 
 def second_call(tools) -> list[dict]:
