@@ -101,6 +101,17 @@ class GrammarEngine:
 
         fill_next_token_bitmask_par(self._llguidance[1], [(row.matcher, i) for i, row in enumerate(rows)], bitmask)
 
+    def mask(self, scores: torch.Tensor, constrained: Sequence[tuple[int, RowGrammar]]) -> None:
+        """Set to -inf, in place, every token of `scores` ([rows, vocabulary]) that each `(row, grammar)` pair's
+        grammar does not allow next; other rows are left exactly as they were."""
+        if not constrained:
+            return
+        bitmask = torch.zeros((len(constrained), (self.vocab_size + 31) // 32), dtype=torch.int32)
+        self.fill_masks([grammar for _, grammar in constrained], bitmask)
+        allowed = unpack_bitmask(bitmask, scores.shape[1]).to(scores.device)
+        which = torch.tensor([row for row, _ in constrained], device=scores.device)
+        scores[which] = scores[which].masked_fill(~allowed, float("-inf"))
+
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """llguidance's packed masks (32 tokens per int32, lowest bit first) as booleans, `vocab` wide.

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from agent.llm.constraints import GrammarEngine, unpack_bitmask
+from agent.llm.constraints import GrammarEngine
 from agent.llm.drafts import DraftLimits
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,9 @@ def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: to
     `input_ids`/`mask` are the laid-out batch (`[reused prefix][padding][own tokens]`); the cache holds its first
     `cached` columns and has `room` columns in all."""
     mask = mask.clone()
-    positions = (mask.sum(dim=1) - 1).clamp(min=0)  # each row's last prompt token's position
     first = _forward(run.model, input_ids[:, cached:], mask, _prompt_positions(mask)[:, cached:], cache, keep=1)
     Verifier(run, rows).take(first, [[] for _ in rows])
-    positions += 1
+    positions = mask.sum(dim=1)  # each row's newest token comes right after its prompt
     passes, drafted, agreed = 1, 0, 0
     while any(not row.finished for row in rows) and not run.should_pause():
         drafts = _drafts(run, rows, room - mask.shape[1])
@@ -157,15 +156,9 @@ class Verifier:
             scores[rows, torch.tensor(sorted(self.run.eos_ids), device=scores.device)[None, :]] = float("-inf")
 
     def _apply_grammars(self, scores: torch.Tensor, going: list[int]) -> None:
-        constrained = [index for index in going if self.rows[index].constraint is not None]
-        if not constrained or self.run.grammars is None:
-            return
-        engine = self.run.grammars
-        bitmask = torch.zeros((len(constrained), (engine.vocab_size + 31) // 32), dtype=torch.int32)
-        engine.fill_masks([self.rows[index].constraint for index in constrained], bitmask)
-        allowed = unpack_bitmask(bitmask, scores.shape[1]).to(scores.device)
-        which = torch.tensor(constrained, device=scores.device)
-        scores[which] = scores[which].masked_fill(~allowed, float("-inf"))
+        if self.run.grammars is not None:
+            self.run.grammars.mask(scores, [(index, self.rows[index].constraint) for index in going
+                                            if self.rows[index].constraint is not None])
 
     def _accept(self, index: int, token: int, draft: Sequence[int], position: int, taken: list[int]) -> bool:
         """Row `index` takes `token` at `position`; whether it goes on to the next position."""

@@ -159,7 +159,7 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
         raise ModelLoadError(f"MODEL {source.setting}: cannot load it: {_first_line(error)}") from error
     model.eval()
     if not on_gpu and model.config._attn_implementation == "sdpa":
-        use_decode_attention(model)  # a third faster decode step on long prompts (attention.py)
+        use_decode_attention(model)  # decode steps without sdpa's copies of the cache (attention.py)
     if not on_gpu and model.dtype == torch.bfloat16:
         pack_linears(model)  # bf16 weights laid out once, not at every call (cpu_linear.py)
     if dtype_setting == "int8":
