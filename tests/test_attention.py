@@ -55,6 +55,39 @@ def test_an_additive_mask_hides_the_same_columns_as_a_boolean_one() -> None:
     assert torch.allclose(with_bool, with_additive, atol=1e-6)
 
 
+def in_a_roomy_cache(states: torch.Tensor, room: int) -> torch.Tensor:
+    """`states` as batch_kv.py's `RoomyLayer` shows them: the first columns of a zeroed tensor with `room`."""
+    whole = states.new_zeros(*states.shape[:2], room, states.shape[3])
+    whole[:, :, : states.shape[2]] = states
+    return whole[:, :, : states.shape[2]]
+
+
+@pytest.mark.parametrize("room", [9, 12, 18, 40])  # no spare columns, a few, as many as filled, more than that
+@pytest.mark.parametrize("with_mask", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_view_of_a_cache_with_room_attends_as_its_filled_columns_alone(room: int, with_mask: bool,
+                                                                          dtype: torch.dtype) -> None:
+    query, key, value, mask = (tensor.to(dtype) if tensor.is_floating_point() else tensor
+                               for tensor in random_attention(width=3))
+    if not with_mask:
+        mask[1] = mask[0]
+    roomy_key, roomy_value = in_a_roomy_cache(key, room), in_a_roomy_cache(value, room)
+    ours, _ = decode_attention(Module(), query, roomy_key, roomy_value, mask if with_mask else None)
+    alone, _ = decode_attention(Module(), query, key.clone(), value.clone(), mask if with_mask else None)
+    assert ours.shape == alone.shape == (4, 3, 6, 8)
+    assert torch.allclose(ours.float(), alone.float(), atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+
+
+def test_a_roomy_view_whose_spare_columns_hold_garbage_still_attends_to_its_filled_ones_only() -> None:
+    query, key, value, mask = random_attention()
+    roomy_key, roomy_value = in_a_roomy_cache(key, 12), in_a_roomy_cache(value, 12)
+    roomy_key.as_strided((4, 2, 12, 8), roomy_key.stride())[:, :, 9:] = 1e4  # as if a rejected draft sat there
+    roomy_value.as_strided((4, 2, 12, 8), roomy_value.stride())[:, :, 9:] = 1e4
+    ours, _ = decode_attention(Module(), query, roomy_key, roomy_value, mask)
+    theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+
+
 def tiny_model() -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,

@@ -41,10 +41,15 @@ def test_a_packed_model_generates_the_same_tokens_from_the_same_scores() -> None
     assert packed_tokens == tokens and torch.equal(packed_logits, logits)
 
 
-def test_a_tied_output_layer_keeps_the_embeddings_weight() -> None:
+def test_a_tied_output_layer_is_packed_as_a_copy_and_the_embedding_still_reads_its_weight() -> None:
     model = bf16_model(tied=True)
-    assert pack_linears(model) == 2 * 7
-    assert model.lm_head.weight is model.model.embed_tokens.weight
+    tokens, logits = greedy(model)
+    embedding = model.model.embed_tokens.weight.clone()
+    assert pack_linears(model) == 2 * 7 + 1
+    assert isinstance(model.lm_head, PackedLinear)
+    packed_tokens, packed_logits = greedy(model)
+    assert packed_tokens == tokens and torch.equal(packed_logits, logits)
+    assert torch.equal(model.model.embed_tokens.weight, embedding)
 
 
 def test_fp32_layers_are_left_alone() -> None:

@@ -37,7 +37,9 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     batch, heads, width, dim = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
+    length = key.shape[2]
+    key, value = _whole_room(key), _whole_room(value)
+    kv_heads, room = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     scale = scaling if scaling is not None else dim ** -0.5
     # Query head h reads KV head h // groups: its rows go with that head's, `groups × width` of them.
@@ -45,22 +47,44 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     # key @ queryᵀ, not query @ keyᵀ: `key` is a view into the batch's roomy cache (batch_kv.py), and bf16 matmul
     # copies a transposed view of it whole (0.6 ms a layer at 8 rows × 1,000 tokens); this way round it reads it.
     scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2)
-    scores = scores.reshape(batch, kv_heads, groups, width, length)
-    mask = _visible(attention_mask, width, length, key.device)  # broadcasts over KV heads and groups
+    scores = scores.reshape(batch, kv_heads, groups, width, room)
+    mask = _visible(attention_mask, width, length, room, key.device)  # broadcasts over KV heads and groups
     # The lowest finite value, not -inf: a query on a padding column sees nothing, and -inf would make its output
     # NaN, which its KV then carries into every later layer (0 × NaN is NaN even where the mask hides it).
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    output = torch.matmul(weights.reshape(batch, kv_heads, groups * width, length), value)
+    output = torch.matmul(weights.reshape(batch, kv_heads, groups * width, room), value)
     return output.reshape(batch, heads, width, dim).transpose(1, 2).contiguous(), None
 
 
-def _visible(attention_mask: torch.Tensor | None, width: int, length: int, device: Any) -> torch.Tensor:
-    """The mask as [batch or 1, 1, 1, width, length]: the model's own, or causal when it gave none (transformers
-    leaves it out where the mask would only be causal)."""
+def _whole_room(states: torch.Tensor) -> torch.Tensor:
+    """`states` ([batch, kv heads, length, dim]) widened to all the columns of the tensor it is a view of, where it
+    is the filled part of a batch cache's room (batch_kv.py's `RoomyLayer`); otherwise `states` itself.
+
+    oneDNN's bf16 batched product copies an input that is not contiguous, and the filled columns of a roomy cache
+    are not (each row's room lies between them): 8 rows × 1,200 columns moved 480 MB a pass. The whole room is
+    contiguous; its unfilled columns are zeros that the mask hides. Worth it while they are at most as many as the
+    filled ones (reading them costs less than copying those); a decode step's room is its prompt plus its tokens."""
+    batch, heads, length, dim = states.shape
+    room = states.stride(1) // dim if dim else 0
+    whole = (batch, heads, room, dim)
+    if (states.is_contiguous() or states.storage_offset() or room > 2 * length
+            or states.stride() != (heads * room * dim, room * dim, dim, 1)
+            or states.untyped_storage().nbytes() < batch * heads * room * dim * states.element_size()):
+        return states
+    return states.as_strided(whole, states.stride())
+
+
+def _visible(attention_mask: torch.Tensor | None, width: int, length: int, room: int, device: Any) -> torch.Tensor:
+    """The mask as [batch or 1, 1, 1, width, room]: the model's own, or causal when it gave none (transformers
+    leaves it out where the mask would only be causal); the columns past `length` hidden."""
     if attention_mask is not None:
-        return attention_mask[:, :, -width:, :length].unsqueeze(1)
-    columns = torch.arange(length, device=device)
+        mask = attention_mask[:, :, -width:, :length].unsqueeze(1)
+        if room == length:
+            return mask
+        hidden = False if mask.dtype == torch.bool else torch.finfo(mask.dtype).min
+        return torch.nn.functional.pad(mask, (0, room - length), value=hidden)
+    columns = torch.arange(room, device=device)
     queries = torch.arange(length - width, length, device=device)
     return (columns[None, :] <= queries[:, None])[None, None, None]
 

@@ -8,7 +8,9 @@ bit-for-bit the same. `pack_linears` makes that reorder once, at load, the way P
 frozen CPU models (`torch.ops.mkldnn._reorder_linear_weight`, then `_linear_pointwise` per call).
 
 Only bf16: for fp32 the packed kernel is sometimes slower and rounds differently, and MODEL_DTYPE=float32 promises
-exact outputs. A tied output layer (the embedding's weight) is left alone: packing it would keep a second copy.
+exact outputs. A tied output layer (the embedding's weight) is packed too, as a copy of its own: vocabulary ×
+hidden size in bf16 more memory (56 MB for SmolLM2-135M, 272 MB for Qwen2.5-0.5B), for the largest product of a
+decode step (49,152×576 at 8 rows: 4.9 ms plain against 2.3 ms packed; 5-10% of a whole pass).
 """
 
 from __future__ import annotations
@@ -38,15 +40,14 @@ class PackedLinear(torch.nn.Module):
 
 
 def pack_linears(model: Any) -> int:
-    """Replace every bf16 `nn.Linear` of `model` (on the CPU) but a tied output layer by a `PackedLinear`;
-    returns how many. Nothing changes where this PyTorch has no such kernel."""
+    """Replace every bf16 `nn.Linear` of `model` (on the CPU) by a `PackedLinear`; returns how many. Nothing
+    changes where this PyTorch has no such kernel."""
     if not _available():
         return 0
-    tied = model.get_output_embeddings() if getattr(model.config, "tie_word_embeddings", False) else None
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear and child is not tied and child.weight.dtype == torch.bfloat16 \
+            if type(child) is torch.nn.Linear and child.weight.dtype == torch.bfloat16 \
                     and child.weight.device.type == "cpu":
                 setattr(parent, name, PackedLinear(child))
                 count += 1
