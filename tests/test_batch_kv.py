@@ -1,5 +1,5 @@
-"""The batch's KV cache (agent/llm/batch_kv.py): room allocated once and written in place must hold exactly what
-transformers' concatenating `DynamicLayer` would (`generate` through it on the real model: test_prefix_cache.py)."""
+"""The batch's KV cache (agent/llm/batch_kv.py): written in place and grown a block at a time, it must hold exactly
+what transformers' concatenating `DynamicLayer` would (`generate` through it on the real model: test_prefix_cache.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig
 
-from agent.llm.batch_kv import RoomyLayer, batch_cache
+from agent.llm.batch_kv import GROWTH_COLUMNS, RoomyLayer, batch_cache
 from agent.llm.prefix_cache import CachedPrefix, Hit
 
 
@@ -30,12 +30,31 @@ def test_a_roomy_layer_holds_what_a_dynamic_layer_holds_after_every_update(room:
         assert roomy.get_seq_length() == reference.get_seq_length()
 
 
+def test_a_layer_grows_a_block_at_a_time_keeping_its_columns_and_zeroing_the_new_ones() -> None:
+    layer = RoomyLayer(6)
+    first, second = steps()[:2]
+    layer.update(*first)
+    layer.update(*second)  # the sixth column: still within the room
+    assert layer._keys.shape[2] == 6
+    layer.update(torch.ones(2, 3, 2, 4), torch.ones(2, 3, 2, 4))  # two more: past the room
+    assert layer._keys.shape[2] == 8 + GROWTH_COLUMNS and layer.get_seq_length() == 8
+    assert torch.equal(layer.keys[:, :, :5], first[0]) and torch.equal(layer.values[:, :, 5:6], second[1])
+    assert not layer._keys[:, :, 8:].any() and not layer._values[:, :, 8:].any()
+
+
+class OneLayer:  # what batch_cache reads of a model: its config's layer structure
+    config = LlamaConfig(num_hidden_layers=1, num_attention_heads=3, num_key_value_heads=3, hidden_size=12)
+
+
+def test_a_long_generation_gets_one_block_of_room_to_start_with() -> None:
+    cache = batch_cache(OneLayer(), [Hit(None, 0)], cached=0, width=6, new_tokens=1000)
+    cache.layers[0].update(torch.ones(1, 3, 6, 4), torch.ones(1, 3, 6, 4))
+    assert cache.layers[0]._keys.shape[2] == 6 + GROWTH_COLUMNS
+
+
 def test_rows_start_from_their_own_prefix_with_zeros_after_it() -> None:
     short = CachedPrefix(torch.arange(2), [(torch.ones(1, 3, 2, 4), 2 * torch.ones(1, 3, 2, 4))])
     long = CachedPrefix(torch.arange(4), [(3 * torch.ones(1, 3, 4, 4), 4 * torch.ones(1, 3, 4, 4))])
-
-    class OneLayer:  # what batch_cache reads of a model: its config's layer structure
-        config = LlamaConfig(num_hidden_layers=1, num_attention_heads=3, num_key_value_heads=3, hidden_size=12)
 
     model = OneLayer()
     cache = batch_cache(model, [Hit(short, 2), Hit(long, 4), Hit(None, 0)], cached=4, width=6, new_tokens=3)

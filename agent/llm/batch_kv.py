@@ -1,10 +1,13 @@
-"""The KV cache of one batch: room for the whole generation allocated once, every step written into it in place.
+"""The KV cache of one batch: every step written into it in place, in tensors that grow a block of columns at a
+time.
 
 transformers' `DynamicLayer` concatenates each step's keys and values onto the whole cache, so a step copies every
 row's full KV (and allocates it anew). With the long ReAct prompts of this bot that copy is what a batch spends its
 time on: 11 rows of ~1,400 tokens move ~700 MB a step on SmolLM2-135M, a third of the model thread's time in the
-eval's profile, and the same again when a paused batch was rebuilt. A batch knows its width and its longest row's
-token limit before it starts, so its room is known too.
+eval's profile, and the same again when a paused batch was rebuilt. Here a layer grows by `GROWTH_COLUMNS` when a
+step needs more room, one copy every dozens of steps. Not the whole generation's room at once: the CPU decode
+attention reads the whole tensor, filled or not, when its spare columns are few (attention.py), and most replies
+end long before their token limit.
 
 Runs on the model thread only (see `worker.py`).
 """
@@ -20,9 +23,14 @@ from transformers.cache_utils import DynamicLayer
 from agent.llm.prefix_cache import Hit
 
 
+# Columns a layer's tensors grow by: a copy of the batch's KV every 128 columns (a dozen or more steps, drafts
+# included), and at most 128 spare columns for the decode attention to read (a tenth of a ReAct prompt's).
+GROWTH_COLUMNS = 128
+
+
 class RoomyLayer(DynamicLayer):
-    """One layer's KV for a batch, in tensors with room for `room` columns; `keys`/`values` are views of the
-    columns filled so far, as `DynamicLayer` would hold them."""
+    """One layer's KV for a batch, in tensors with room for `room` columns, grown when a step needs more;
+    `keys`/`values` are views of the columns filled so far, as `DynamicLayer` would hold them."""
 
     def __init__(self, room: int):
         super().__init__()
@@ -45,7 +53,7 @@ class RoomyLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
-        if end > self._keys.shape[-2]:  # more than the batch announced: grow (never expected; correct anyway)
+        if end > self._keys.shape[-2]:
             self._grow(end)
         self._keys[:, :, self.length:end] = key_states
         self._values[:, :, self.length:end] = value_states
@@ -58,8 +66,7 @@ class RoomyLayer(DynamicLayer):
         self._values[row, :, : values.shape[2]] = values[0]
 
     def _grow(self, end: int) -> None:
-        extra = (*self._keys.shape[:2], max(end, 2 * self._keys.shape[-2]) - self._keys.shape[-2],
-                 self._keys.shape[-1])
+        extra = (*self._keys.shape[:2], end - self._keys.shape[-2] + GROWTH_COLUMNS, self._keys.shape[-1])
         self._keys = torch.cat([self._keys, self._keys.new_zeros(extra)], dim=-2)
         self._values = torch.cat([self._values, self._values.new_zeros(extra)], dim=-2)
 
@@ -70,10 +77,10 @@ class RoomyLayer(DynamicLayer):
 
 
 def batch_cache(model: Any, hits: Sequence[Hit], cached: int, width: int, new_tokens: int) -> DynamicCache:
-    """The batch's cache: room for `width` prompt columns and `new_tokens` steps per row; each row's reused
-    prefix (`hits`) in the first `cached` columns, zeros (masked) after it."""
+    """The batch's cache: room for `width` prompt columns and up to `new_tokens` more (growing past them when
+    needed); each row's reused prefix (`hits`) in the first `cached` columns, zeros (masked) after it."""
     cache = DynamicCache(config=model.config)
-    room = width + new_tokens
+    room = width + min(new_tokens, GROWTH_COLUMNS)
     # Other layer kinds (sliding windows) keep transformers' own behaviour.
     cache.layers = [RoomyLayer(room) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     if not cached:

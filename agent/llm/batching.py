@@ -18,8 +18,8 @@ Runs on the model thread only (see `worker.py`). The choices here, measured on 2
   and an LRU store under a full batch would evict it and make the next batch recompute whole prompts), and the
   next batch takes them with the newcomer. A row's caller is answered the moment the row ends, not when the batch
   does.
-- The batch's cache has room for its whole generation from the start (batch_kv.py): transformers' own cache
-  copies every row's whole KV at every step: a third of the model thread's time in a profile of the eval.
+- The batch's cache is written in place and grows a block of columns at a time (batch_kv.py): transformers' own
+  cache copies every row's whole KV at every step: a third of the model thread's time in a profile of the eval.
 - A row may be decoded under a grammar (agent/grammar.py): before each token the decode loop masks each
   constrained row by its own matcher (constraints.py), and the row feeds its matcher the token it took. The
   matcher belongs to the row, so a paused row resumes where its grammar left it; it sees generated tokens only, so
@@ -216,7 +216,8 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
                                         held=[row.paused_kv for row in rows])
         prefill_apart(model, rows, hits, fresh, store)
         layout = lay_out([row.context_ids for row in rows], [hit.length for hit in hits], pad_id, model.device)
-        # Room for every row's whole generation, and as much again for the holes that rejected drafts leave.
+        # The columns every row's whole generation may take, and as much again for the holes that rejected drafts
+        # leave: drafts are kept within it (decoding.py); the cache grows towards it as steps need (batch_kv.py).
         room = layout.input_ids.shape[1] + longest * (2 if drafts.per_row else 1)
         cache = batch_cache(model, hits, layout.cached, layout.input_ids.shape[1], room - layout.input_ids.shape[1])
         _begin(rows, hits, fresh, store)
