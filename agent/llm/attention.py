@@ -35,6 +35,10 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     [batch, q, heads, dim]."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if key.dtype != query.dtype:  # a cache kept in a narrower dtype than the model computes in (batch_kv.py)
+        output, _ = decode_attention(module, query.to(key.dtype), key, value, attention_mask, scaling, dropout,
+                                     **kwargs)
+        return output.to(query.dtype), None
     if query.shape[2] > SHORT_QUERY or module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)

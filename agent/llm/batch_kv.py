@@ -26,15 +26,18 @@ from agent.llm.prefix_cache import Hit
 # Columns a layer's tensors grow by: a copy of the batch's KV every 128 columns (a dozen or more steps, drafts
 # included), and at most 128 spare columns for the decode attention to read (a tenth of a ReAct prompt's).
 GROWTH_COLUMNS = 128
+# A model attribute naming the dtype its batch caches hold KV in, where not its own (local.py: int8 on bf16 CPUs).
+KV_DTYPE = "qwenbot_kv_dtype"
 
 
 class RoomyLayer(DynamicLayer):
     """One layer's KV for a batch, in tensors with room for `room` columns, grown when a step needs more;
     `keys`/`values` are views of the columns filled so far, as `DynamicLayer` would hold them."""
 
-    def __init__(self, room: int):
+    def __init__(self, room: int, dtype: torch.dtype | None = None):
         super().__init__()
         self.room = room
+        self.kv_dtype = dtype  # None: the model's own
         self.length = 0  # columns filled
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -44,7 +47,8 @@ class RoomyLayer(DynamicLayer):
         """Allocate the room: zeros, so that masked padding columns hold nothing that could turn into NaN."""
         self.device = like.device
         shape = (batch, heads, self.room, head_dim)
-        self._keys, self._values = like.new_zeros(shape), like.new_zeros(shape)
+        dtype = self.kv_dtype or like.dtype
+        self._keys, self._values = like.new_zeros(shape, dtype=dtype), like.new_zeros(shape, dtype=dtype)
         self.is_initialized = True
         self.filled(0)
 
@@ -82,13 +86,14 @@ def batch_cache(model: Any, hits: Sequence[Hit], cached: int, width: int, new_to
     cache = DynamicCache(config=model.config)
     room = width + min(new_tokens, GROWTH_COLUMNS)
     # Other layer kinds (sliding windows) keep transformers' own behaviour.
-    cache.layers = [RoomyLayer(room) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    dtype = getattr(model, KV_DTYPE, None)
+    cache.layers = [RoomyLayer(room, dtype) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     if not cached:
         return cache
     donor = next(hit for hit in hits if hit.length).layers()
     for index, layer in enumerate(cache.layers):
         keys, _ = donor[index]
-        target = layer if isinstance(layer, RoomyLayer) else RoomyLayer(cached)
+        target = layer if isinstance(layer, RoomyLayer) else RoomyLayer(cached, dtype)
         target.open(len(hits), keys.shape[1], keys.shape[3], keys)
         for row, hit in enumerate(hits):
             if hit.length:

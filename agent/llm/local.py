@@ -22,6 +22,7 @@ from typing import Any, Iterator, Sequence
 from agent.errors import LLMError, ModelLoadError
 from agent.grammar import Grammar
 from agent.llm.attention import use_decode_attention
+from agent.llm.batch_kv import KV_DTYPE
 from agent.llm.base import LLM, MODEL_DTYPES, CancelToken, Completion, Message, TextSink
 from agent.llm.constraints import GrammarEngine
 from agent.llm.cpu_linear import pack_linears
@@ -164,6 +165,8 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
         pack_linears(model)  # bf16 weights laid out once, not at every call (cpu_linear.py)
     if dtype_setting == "int8":
         model = quantize_int8(model)
+        if not on_gpu and cpu_has_native_bf16():
+            setattr(model, KV_DTYPE, torch.bfloat16)
     grammars = GrammarEngine(tokenizer)
     # Logged once the model can answer (bench/bench_local.py times a second start of `qwenbot ask` to this line).
     log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, "int8" if dtype_setting == "int8" else model.dtype,
