@@ -55,6 +55,17 @@ def test_an_additive_mask_hides_the_same_columns_as_a_boolean_one() -> None:
     assert torch.allclose(with_bool, with_additive, atol=1e-6)
 
 
+@pytest.mark.parametrize("width", [1, 3, 20])  # decode steps, and a prompt (sdpa's path)
+def test_a_float32_query_over_a_bf16_cache_attends_in_bf16_and_answers_in_float32(width: int) -> None:
+    query, key, value, mask = random_attention(width=width, length=24)
+    narrow_key, narrow_value = key.to(torch.bfloat16), value.to(torch.bfloat16)
+    ours, _ = decode_attention(Module(), query, narrow_key, narrow_value, mask)
+    in_bf16, _ = decode_attention(Module(), query.to(torch.bfloat16), narrow_key, narrow_value, mask)
+    exact, _ = sdpa_attention_forward(Module(), query, key, value, mask)
+    assert ours.dtype == torch.float32 and torch.equal(ours, in_bf16.float())
+    assert torch.allclose(ours, exact, atol=5e-2)
+
+
 def in_a_roomy_cache(states: torch.Tensor, room: int) -> torch.Tensor:
     """`states` as batch_kv.py's `RoomyLayer` shows them: the first columns of a zeroed tensor with `room`."""
     whole = states.new_zeros(*states.shape[:2], room, states.shape[3])

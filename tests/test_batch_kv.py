@@ -42,6 +42,16 @@ def test_a_layer_grows_a_block_at_a_time_keeping_its_columns_and_zeroing_the_new
     assert not layer._keys[:, :, 8:].any() and not layer._values[:, :, 8:].any()
 
 
+def test_a_layer_in_a_narrower_dtype_holds_the_models_states_rounded_to_it_as_it_grows() -> None:
+    layer = RoomyLayer(5, torch.bfloat16)
+    for keys, values in steps():
+        got_keys, got_values = layer.update(keys, values)
+    everything = [torch.cat(parts, dim=2) for parts in zip(*steps())]
+    assert got_keys.dtype == got_values.dtype == torch.bfloat16 and layer._keys.shape[2] > 5
+    assert torch.equal(got_keys, everything[0].to(torch.bfloat16))
+    assert torch.equal(got_values, everything[1].to(torch.bfloat16))
+
+
 class OneLayer:  # what batch_cache reads of a model: its config's layer structure
     config = LlamaConfig(num_hidden_layers=1, num_attention_heads=3, num_key_value_heads=3, hidden_size=12)
 

@@ -23,7 +23,7 @@ import pytest_asyncio
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory, ModelLoadError
 from agent.llm.base import CancelToken, Completion
 from agent.llm.batching import APART_PASS_TOKENS, lay_out, rows_to_prefill_apart, shared_prefix_length
-from agent.llm.local import LocalLLM
+from agent.llm.local import LocalLLM, cpu_has_native_bf16
 from tests.real_model import GGUF, real_model_test, started_local_llm, worker_log_watched
 
 REPO = Path(__file__).resolve().parents[1]
@@ -403,4 +403,5 @@ async def test_int8_loads_quantized_and_still_answers(caplog) -> None:
     finally:
         await backend.close()
     assert "(int8 on cpu)" in caplog.text
+    assert ("the KV cache in bf16" in caplog.text) == cpu_has_native_bf16()
     assert "Paris" in reply.text and reply.completion_tokens <= 12
