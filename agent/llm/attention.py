@@ -50,8 +50,8 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     scale = scaling if scaling is not None else dim ** -0.5
     # Query head h reads KV head h // groups: its rows go with that head's, `groups × width` of them.
     grouped = (query * scale).reshape(batch, kv_heads, groups * width, dim)
-    # key @ queryᵀ, not query @ keyᵀ: `key` is a view into the batch's roomy cache (batch_kv.py), and bf16 matmul
-    # copies a transposed view of it whole (0.6 ms a layer at 8 rows × 1,000 tokens); this way round it reads it.
+    # key @ queryᵀ, not query @ keyᵀ: bf16 matmul copies a transposed view of the cache whole (0.6 ms a layer at
+    # 8 rows × 1,000 tokens); this way round it reads it as it lies (contiguous: `_whole_room`).
     scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2)
     scores = scores.reshape(batch, kv_heads, groups, width, room)
     mask = _visible(attention_mask, width, length, room, key.device)  # broadcasts over KV heads and groups
@@ -73,13 +73,12 @@ def _whole_room(states: torch.Tensor) -> torch.Tensor:
     while they are few: in interleaved passes of the model, 8 rows × 1,300 filled columns took 64 ms a step with
     5% spare against 69 copying, 66 against 60 with 30% spare; the batch's cache grows 128 columns at a time."""
     batch, heads, length, dim = states.shape
-    room = states.stride(1) // dim if dim else 0
-    whole = (batch, heads, room, dim)
+    room = states.stride(1) // dim
     if (states.is_contiguous() or states.storage_offset() or room > length + length // SPARE_SHARE
             or states.stride() != (heads * room * dim, room * dim, dim, 1)
             or states.untyped_storage().nbytes() < batch * heads * room * dim * states.element_size()):
         return states
-    return states.as_strided(whole, states.stride())
+    return states.as_strided((batch, heads, room, dim), states.stride())
 
 
 def _visible(attention_mask: torch.Tensor | None, width: int, length: int, room: int, device: Any) -> torch.Tensor:

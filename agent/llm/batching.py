@@ -36,7 +36,7 @@ import torch
 from transformers import DynamicCache
 
 from agent.llm.base import Message
-from agent.llm.batch_kv import batch_cache
+from agent.llm.batch_kv import KV_DTYPE, batch_cache
 from agent.llm.constraints import GrammarEngine, RowGrammar
 from agent.llm.decoding import Decoding, cache_argument, decode
 from agent.llm.drafts import DraftIndex, DraftLimits
@@ -297,7 +297,9 @@ def extend_prefix(model: Any, tokens: list[int], base: Hit) -> Hit:
         DynamicCache(config=model.config)
     model(input_ids=torch.tensor([tokens[known:]], device=model.device), use_cache=True, logits_to_keep=1,
           **{cache_argument(model): cache})
-    layers = [(layer.keys, layer.values) for layer in cache.layers]
+    dtype = getattr(model, KV_DTYPE, None)  # held as the batch caches hold it, so the store keeps one dtype
+    layers = [(layer.keys.to(dtype), layer.values.to(dtype)) if dtype else (layer.keys, layer.values)
+              for layer in cache.layers]
     return Hit(CachedPrefix(torch.tensor(tokens, dtype=torch.long), layers), len(tokens))
 
 
