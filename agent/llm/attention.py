@@ -16,6 +16,7 @@ with sdpa's mask; `load_model` selects it for models on the CPU.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -48,19 +49,18 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     kv_heads, room = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     scale = scaling if scaling is not None else dim ** -0.5
-    # Query head h reads KV head h // groups: its rows go with that head's, `groups × width` of them.
-    grouped = (query * scale).reshape(batch, kv_heads, groups * width, dim)
-    # key @ queryᵀ, not query @ keyᵀ: bf16 matmul copies a transposed view of the cache whole (0.6 ms a layer at
-    # 8 rows × 1,000 tokens); this way round it reads it as it lies (contiguous: `_whole_room`).
-    scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2)
-    scores = scores.reshape(batch, kv_heads, groups, width, room)
-    mask = _visible(attention_mask, width, length, room, key.device)  # broadcasts over KV heads and groups
-    # The lowest finite value, not -inf: a query on a padding column sees nothing, and -inf would make its output
-    # NaN, which its KV then carries into every later layer (0 × NaN is NaN even where the mask hides it).
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    # One product per row and KV head: query head h reads KV head h // groups, so its rows go with that head's
+    # (`groups × width` of them). Rows and heads merge into the product's batch without copying the cache.
+    grouped = query.reshape(batch * kv_heads, groups * width, dim)
+    keys, values = key.reshape(batch * kv_heads, room, dim), value.reshape(batch * kv_heads, room, dim)
+    hidden = _hidden_columns(attention_mask, (batch, kv_heads, groups, width, length, room), key.dtype, key.device)
+    # The mask's add and the scaling in the product itself, and the softmax over the scores' last (contiguous)
+    # dimension: 1 row × 950 columns, 130 µs a layer here against 240 with a separate scaling, masking and a
+    # softmax across a transposed product (8 rows: 530 against 760).
+    scores = torch.baddbmm(hidden, grouped, keys.transpose(1, 2), alpha=scale)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    output = torch.matmul(weights.reshape(batch, kv_heads, groups * width, room), value)
-    return output.reshape(batch, heads, width, dim).transpose(1, 2).contiguous(), None
+    output = torch.bmm(weights, values)
+    return output.view(batch, heads, width, dim).transpose(1, 2).contiguous(), None
 
 
 def _whole_room(states: torch.Tensor) -> torch.Tensor:
@@ -79,6 +79,39 @@ def _whole_room(states: torch.Tensor) -> torch.Tensor:
             or states.untyped_storage().nbytes() < batch * heads * room * dim * states.element_size()):
         return states
     return states.as_strided((batch, heads, room, dim), states.stride())
+
+
+class _LastMask(threading.local):
+    """The additive mask of the pass running on this thread: the model gives every layer the same mask."""
+
+    mask: torch.Tensor | None = None
+    shape: tuple[Any, ...] = ()
+    hidden: torch.Tensor | None = None
+
+
+_last = _LastMask()
+
+
+def _hidden_columns(attention_mask: torch.Tensor | None, sizes: tuple[int, ...], dtype: torch.dtype,
+                    device: Any) -> torch.Tensor:
+    """What the scores add to hide the columns a query may not see: 0 where it attends, the lowest finite value
+    where not, as [batch × KV heads, groups × width, room]; `sizes` is (batch, KV heads, groups, width, length,
+    room). Built once a pass, at its first layer: the memo holds the mask it came from, so a new pass's mask (a
+    new tensor) is never taken for the last one."""
+    shape = (*sizes, dtype, device)
+    if _last.mask is attention_mask and _last.shape == shape and _last.hidden is not None:
+        return _last.hidden
+    batch, kv_heads, groups, width, length, room = sizes
+    visible = _visible(attention_mask, width, length, room, device)
+    if visible.dtype == torch.bool:
+        # The lowest finite value, not -inf: a query on a padding column sees nothing, and -inf would make its
+        # output NaN, which its KV then carries into every later layer (0 × NaN is NaN even where it is hidden).
+        hidden = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
+    else:  # an additive mask: its -inf or float32 minimum held as this dtype's lowest finite value
+        hidden = visible.to(dtype).clamp(min=torch.finfo(dtype).min)
+    hidden = hidden.expand(batch, kv_heads, groups, width, room).reshape(batch * kv_heads, groups * width, room)
+    _last.mask, _last.shape, _last.hidden = attention_mask, shape, hidden
+    return hidden
 
 
 def _visible(attention_mask: torch.Tensor | None, width: int, length: int, room: int, device: Any) -> torch.Tensor:

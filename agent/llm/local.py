@@ -26,6 +26,7 @@ from agent.llm.batch_kv import KV_DTYPE
 from agent.llm.base import LLM, MODEL_DTYPES, CancelToken, Completion, Message, TextSink
 from agent.llm.constraints import GrammarEngine
 from agent.llm.cpu_linear import pack_linears
+from agent.llm.fused_linear import fuse_projections
 from agent.llm.drafts import DraftLimits
 from agent.llm.hub import hub_load_options
 from agent.llm.worker import Job, LoadedModel, ModelWorker
@@ -162,6 +163,7 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     if not on_gpu and model.config._attn_implementation == "sdpa":
         use_decode_attention(model)  # decode steps without sdpa's copies of the cache (attention.py)
     if not on_gpu and model.dtype == torch.bfloat16:
+        fuse_projections(model)  # one product for query/key/value, one for gate/up (fused_linear.py)
         pack_linears(model)  # bf16 weights laid out once, not at every call (cpu_linear.py)
     if dtype_setting == "int8":
         model = quantize_int8(model)
