@@ -7,6 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from agent.llm import attention
 from agent.llm.attention import NAME, decode_attention, use_decode_attention
 
 
@@ -64,6 +65,35 @@ def test_a_float32_query_over_a_bf16_cache_attends_in_bf16_and_answers_in_float3
     exact, _ = sdpa_attention_forward(Module(), query, key, value, mask)
     assert ours.dtype == torch.float32 and torch.equal(ours, in_bf16.float())
     assert torch.allclose(ours, exact, atol=5e-2)
+
+
+@pytest.mark.parametrize("width", [17, 40])
+def test_a_bf16_prompt_attends_as_sdpa_does_padding_and_grouped_heads_included(width: int) -> None:
+    query, key, value, mask = (tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+                               for tensor in random_attention(width=width, length=60))
+    ours, _ = decode_attention(Module(), query, key, value, mask, scaling=0.3)
+    theirs, _ = sdpa_attention_forward(Module(), query.float(), key.float(), value.float(), mask, scaling=0.3)
+    assert ours.shape == theirs.shape == (4, width, 6, 8) and ours.dtype == torch.bfloat16
+    assert torch.allclose(ours.float(), theirs, atol=3e-2)
+
+
+def test_a_prompt_taken_a_few_query_tokens_at_a_time_attends_as_it_does_whole(monkeypatch) -> None:
+    query, key, value, mask = (tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+                               for tensor in random_attention(width=40, length=60))
+    whole, _ = decode_attention(Module(), query, key, value, mask)
+    monkeypatch.setattr(attention, "PROMPT_SCORES", 4 * 6 * 60 * 7)  # 7 query tokens a chunk: 6 chunks
+    chunked, _ = decode_attention(Module(), query, key, value, mask)
+    assert torch.allclose(chunked.float(), whole.float(), atol=1e-2)
+
+
+def test_a_float32_prompt_and_a_whole_prompt_without_a_mask_are_sdpa_s_own_attention() -> None:
+    query, key, value, mask = random_attention(width=30, length=40)
+    ours, _ = decode_attention(Module(), query, key, value, mask)
+    theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask)
+    assert torch.equal(ours, theirs)
+    query, key, value = (tensor.to(torch.bfloat16) for tensor in random_attention(width=30, length=30)[:3])
+    ours, _ = decode_attention(Module(), query, key, value, None)
+    assert torch.equal(ours, sdpa_attention_forward(Module(), query, key, value, None)[0])
 
 
 def in_a_roomy_cache(states: torch.Tensor, room: int) -> torch.Tensor:
