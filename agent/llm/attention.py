@@ -7,12 +7,12 @@ runs a blocked flash kernel built for long queries, copies the batch cache's vie
 three times over first for grouped-query models when a query has more than one token (`repeat_kv`). Measured on a
 2-core AVX-512 CPU, SmolLM2-135M in bf16 (9 query and 3 KV heads), a whole model pass over 900 cached tokens: 1
 row × 1 token 40 ms here against 61 ms through sdpa, 8 rows × 1 token 79 against 189, 8 rows × 2 tokens 86 against
-139 (before the fused products below, which took a few ms more off).
+139 (before the single scaled, masked product of `_short_query`, which took a few ms more off).
 
 A prompt's new tokens over a long cached prefix (a chat's next question and observation over the tools prompt)
 are a wide, short product, where sdpa's flash kernel reaches ~90 GFLOP/s in bf16: here, a chunk of query tokens at
-a time, a prompt of 150 new tokens over 1,300 took 24% less time in a whole prefill, 4 rows × 130 over 800 27%
-less. A softmax in bf16 (it sums in fp32 inside) rather than into an fp32 tensor: 0.7 ms against 7.3 for those
+a time, a whole prefill of 150 new tokens over a cached 781-token prefix took 24% less time, 4 rows × 130
+27% less. A softmax in bf16 (it sums in fp32 inside) rather than into an fp32 tensor: 0.7 ms against 7.3 for those
 150 tokens' scores. fp32 prompts stay on sdpa (MODEL_DTYPE=float32 is the exact mode), and so does a prompt computed
 whole with no mask (transformers then asks sdpa for a causal one, whose kernel skips the masked half).
 
@@ -63,11 +63,10 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     scale = scaling if scaling is not None else dim ** -0.5
     # Rows and KV heads merge into the products' batch without copying the cache.
     keys, values = key.reshape(batch * kv_heads, room, dim), value.reshape(batch * kv_heads, room, dim)
-    hidden = _hidden_columns(attention_mask, sizes, key.dtype, key.device, expanded=width <= SHORT_QUERY)
-    if width <= SHORT_QUERY:
-        output = _short_query(query, keys, values, hidden, sizes, scale)
-    else:
-        output = _prompt(query, keys, values, hidden, sizes, scale)
+    short = width <= SHORT_QUERY
+    hidden = _hidden_columns(attention_mask, sizes, key.dtype, key.device, expanded=short)
+    attend = _short_query if short else _prompt
+    output = attend(query, keys, values, hidden, sizes, scale)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -88,8 +87,8 @@ def _short_query(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 def _prompt(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor,
             sizes: tuple[int, ...], scale: float) -> torch.Tensor:
     """A prompt's attention in bf16, [batch, heads, width, dim], a chunk of query tokens at a time so that a
-    chunk's scores hold at most `PROMPT_SCORES` values. Twice as fast as sdpa's flash kernel here: 150 new tokens
-    over 1,300, 2.3 ms a layer against 5.0 (4 rows × 130 over 1,000: 7.3 against 14.7)."""
+    chunk's scores hold at most `PROMPT_SCORES` values. Against sdpa's flash kernel, a layer: 150 new tokens over
+    1,300 columns 5.2 ms against 5.9, 4 rows × 130 over 1,000 9.4 against 14.7."""
     batch, kv_heads, groups, width, _, room = sizes
     dim = query.shape[-1]
     chunk = max(1, PROMPT_SCORES // (batch * kv_heads * groups * room))

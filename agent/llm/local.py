@@ -26,8 +26,8 @@ from agent.llm.batch_kv import KV_DTYPE
 from agent.llm.base import LLM, MODEL_DTYPES, CancelToken, Completion, Message, TextSink
 from agent.llm.constraints import GrammarEngine
 from agent.llm.cpu_linear import pack_linears
-from agent.llm.fused_linear import fuse_projections
 from agent.llm.drafts import DraftLimits
+from agent.llm.fused_linear import fuse_projections
 from agent.llm.hub import hub_load_options
 from agent.llm.worker import Job, LoadedModel, ModelWorker
 
