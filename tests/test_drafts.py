@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.llm.drafts import DraftIndex, DraftLimits
+from agent.llm.drafts import DraftIndex, DraftLength, DraftLimits
 
 
 def test_the_guess_is_what_followed_the_last_earlier_occurrence_of_the_newest_tokens() -> None:
@@ -42,3 +42,26 @@ def test_rows_share_the_steps_tokens_and_a_full_batch_checks_no_drafts() -> None
     assert limits.for_rows(4) == 1
     assert limits.for_rows(8) == 0
     assert DraftLimits(per_row=0, per_step=8).for_rows(1) == 0  # SPECULATIVE_TOKENS=0: off
+
+
+def test_a_rows_drafts_grow_while_the_model_takes_them_whole_and_shrink_when_it_cuts_them_short() -> None:
+    length = DraftLength()
+    assert length.clamp(5) == 5  # the first draft: as long as the step allows
+    length.judge(offered=5, agreed=1, most=5)
+    assert length.clamp(5) == 4
+    for _ in range(6):
+        length.judge(offered=length.clamp(5), agreed=0, most=5)
+    assert length.clamp(5) == 1  # never below one: a draft of one costs a column at most
+    length.judge(offered=1, agreed=1, most=5)
+    assert length.clamp(5) == 3
+    length.judge(offered=3, agreed=3, most=5)
+    length.judge(offered=5, agreed=5, most=5)
+    assert length.clamp(5) == 5  # grows up to SPECULATIVE_TOKENS, not past it
+    assert length.clamp(2) == 2  # and a step with less room still caps it
+
+
+def test_a_step_that_offered_no_draft_leaves_the_length_alone() -> None:
+    length = DraftLength()
+    length.clamp(4)
+    length.judge(offered=0, agreed=0, most=4)
+    assert length.clamp(4) == 4

@@ -39,7 +39,7 @@ from agent.llm.base import Message
 from agent.llm.batch_kv import KV_DTYPE, batch_cache
 from agent.llm.constraints import GrammarEngine, RowGrammar
 from agent.llm.decoding import Decoding, cache_argument, decode
-from agent.llm.drafts import DraftIndex, DraftLimits
+from agent.llm.drafts import DraftIndex, DraftLength, DraftLimits
 from agent.llm.prefix_cache import CachedPrefix, Hit, PrefixCache
 from agent.llm.text_stream import TextStream
 
@@ -51,6 +51,9 @@ MIN_SHARED_PREFIX = 32
 # once, as a decode step does (~26 ms for SmolLM2-135M in bf16 on 2 cores), which is what ~16-20 tokens of
 # prefill cost there (prefill computes ~750 tokens/s).
 APART_PASS_TOKENS = 16
+# Columns of the batch's cache a row's new token may take with drafts on: the token and the holes its rejected
+# drafts leave. Every later step's attention reads the holes, so they are bounded; drafts stop at the bound.
+DRAFT_ROOM = 2
 
 
 @dataclass
@@ -77,6 +80,7 @@ class BatchRow:
     paused_kv: Hit | None = None  # while paused: the KV of its context up to its last token, which it resumes from
     reused_tokens: int = 0  # prompt tokens taken from the prefix cache rather than computed
     _drafts: DraftIndex | None = None  # built at its first draft, then kept up to date, across pauses too
+    draft_length: DraftLength = field(default_factory=DraftLength)  # how long its drafts may be, as they fare
 
     @property
     def context_ids(self) -> list[int]:
@@ -121,8 +125,10 @@ class BatchRow:
             self.reason = "length"
 
     def draft(self, limit: int) -> list[int]:
-        """Up to `limit` tokens that may come next: looked up in the row's own context (drafts.py), or for a
+        """Up to `limit` tokens that may come next (fewer while its drafts fare badly: `draft_length`): looked up
+        in the row's own context (drafts.py), or for a
         constrained row what its grammar forces or accepts of that."""
+        limit = self.draft_length.clamp(limit) if limit > 0 else 0
         if limit <= 0:
             return []
         if self._drafts is None:
@@ -216,9 +222,9 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
                                         held=[row.paused_kv for row in rows])
         prefill_apart(model, rows, hits, fresh, store)
         layout = lay_out([row.context_ids for row in rows], [hit.length for hit in hits], pad_id, model.device)
-        # The columns every row's whole generation may take, and as much again for the holes that rejected drafts
-        # leave: drafts are kept within it (decoding.py); the cache grows towards it as steps need (batch_kv.py).
-        room = layout.input_ids.shape[1] + longest * (2 if drafts.per_row else 1)
+        # The columns every row's whole generation may take, holes that rejected drafts leave included: drafts are
+        # kept within it (decoding.py); the cache grows towards it as steps need (batch_kv.py).
+        room = layout.input_ids.shape[1] + longest * (DRAFT_ROOM if drafts.per_row else 1)
         cache = batch_cache(model, hits, layout.cached, layout.input_ids.shape[1], room - layout.input_ids.shape[1])
         _begin(rows, hits, fresh, store)
         log.debug("batch of %d: reused %s prompt tokens, computed %d columns", len(rows), layout.reused,

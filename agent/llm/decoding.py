@@ -69,6 +69,7 @@ def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: to
         taken = Verifier(run, rows).take(logits, drafts)
         for index, count in enumerate(taken):  # a draft's rejected positions become holes
             mask[index, mask.shape[1] - width + count:] = 0
+            rows[index].draft_length.judge(len(drafts[index]), count - 1, run.drafts.per_row)
         positions += torch.tensor(taken, device=mask.device)
         passes, drafted = passes + 1, drafted + sum(map(len, drafts))
         agreed += sum(max(0, count - 1) for count in taken)
