@@ -42,7 +42,7 @@ class PackedLinear(torch.nn.Module):
 def pack_linears(model: Any) -> int:
     """Replace every bf16 `nn.Linear` of `model` (on the CPU) by a `PackedLinear`; returns how many. Nothing
     changes where this PyTorch has no such kernel."""
-    if not _available():
+    if not packing_available():
         return 0
     count = 0
     for parent in list(model.modules()):
@@ -54,7 +54,7 @@ def pack_linears(model: Any) -> int:
     return count
 
 
-def _available() -> bool:
+def packing_available() -> bool:
     """Whether the packed kernel runs here and gives what `nn.Linear` gives."""
     try:
         linear = torch.nn.Linear(32, 16, dtype=torch.bfloat16)
