@@ -126,11 +126,10 @@ class BatchRow:
 
     def draft(self, limit: int) -> list[int]:
         """Up to `limit` tokens that may come next (fewer while its drafts fare badly: `draft_length`): looked up
-        in the row's own context (drafts.py), or for a
-        constrained row what its grammar forces or accepts of that."""
-        limit = self.draft_length.clamp(limit) if limit > 0 else 0
+        in the row's own context (drafts.py), or for a constrained row what its grammar forces or accepts of that."""
         if limit <= 0:
             return []
+        limit = self.draft_length.clamp(limit)
         if self._drafts is None:
             self._drafts = DraftIndex(self.context_ids)
         guess = self._drafts.propose(limit)
