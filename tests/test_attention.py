@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from agent.llm import attention
-from agent.llm.attention import NAME, decode_attention, use_decode_attention
+from agent.llm.attention import NAME, SHARED_COLUMNS, decode_attention, shared_prefix, use_decode_attention
 
 
 class Module:  # what an attention function reads of its layer
@@ -127,6 +127,45 @@ def test_a_roomy_view_whose_spare_columns_hold_garbage_still_attends_to_its_fill
     ours, _ = decode_attention(Module(), query, roomy_key, roomy_value, mask)
     theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask)
     assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+def with_shared_columns(shared: int, width: int, dtype: torch.dtype = torch.float32):
+    """`random_attention` over 20 columns whose first `shared` hold the same KV in every row, in a roomy cache
+    (spare columns holding garbage), the second row padded after them. Shared columns come before the query's own,
+    as a batch's reused prefix does: every query sees them."""
+    query, key, value, mask = random_attention(width=width, length=20)
+    key[:, :, :shared], value[:, :, :shared] = key[0, :, :shared], value[0, :, :shared]
+    mask[1] = mask[0]
+    mask[1, ..., shared:shared + 4] = False  # its own tokens come after a gap of padding
+    query, key, value = (tensor.to(dtype) for tensor in (query, key, value))
+    roomy_key, roomy_value = in_a_roomy_cache(key, 24), in_a_roomy_cache(value, 24)
+    for states in (roomy_key, roomy_value):
+        states.as_strided((4, 2, 24, 8), states.stride())[:, :, 20:] = 1e4
+    return query, roomy_key, roomy_value, mask
+
+
+@pytest.mark.parametrize("width", [1, 3])
+@pytest.mark.parametrize("shared", [6, 12])
+def test_columns_every_row_shares_read_once_attend_as_each_rows_own_copy(width: int, shared: int) -> None:
+    query, key, value, mask = with_shared_columns(shared, width)
+    ours, _ = decode_attention(Module(), query, key, value, mask, **{SHARED_COLUMNS: shared})
+    theirs, _ = sdpa_attention_forward(Module(), query, key.clone(), value.clone(), mask)
+    assert ours.shape == theirs.shape == (4, width, 6, 8)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+def test_a_bf16_cache_reads_every_rows_own_columns_whatever_it_is_told_they_share() -> None:
+    query, key, value, mask = with_shared_columns(6, 1, torch.bfloat16)
+    told, _ = decode_attention(Module(), query, key, value, mask, **{SHARED_COLUMNS: 6})
+    untold, _ = decode_attention(Module(), query, key, value, mask)
+    assert torch.equal(told, untold)
+
+
+def test_only_the_decode_attention_is_told_of_shared_columns() -> None:
+    model = tiny_model()
+    assert shared_prefix(model, 700) == {}  # sdpa would not know the keyword
+    use_decode_attention(model)
+    assert shared_prefix(model, 700) == {SHARED_COLUMNS: 700} and shared_prefix(model, 0) == {}
 
 
 def tiny_model() -> LlamaForCausalLM:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig
 
-from agent.llm.batch_kv import GROWTH_COLUMNS, RoomyLayer, batch_cache
+from agent.llm.batch_kv import GROWTH_COLUMNS, MIN_SHARED_COLUMNS, RoomyLayer, batch_cache, shared_columns
 from agent.llm.prefix_cache import CachedPrefix, Hit
 
 
@@ -73,3 +73,41 @@ def test_rows_start_from_their_own_prefix_with_zeros_after_it() -> None:
     assert torch.equal(layer.keys[0, :, :2], torch.ones(3, 2, 4)) and not layer.keys[0, :, 2:].any()
     assert torch.equal(layer.values[1], 4 * torch.ones(3, 4, 4))
     assert not layer.keys[2].any()
+
+
+def stored(tokens: list[int], seed: int = 0, layers: int = 2) -> CachedPrefix:
+    """A stored sequence whose KV at each position depends only on its seed (two sequences of one seed hold the
+    same KV for their common positions, as copies of one computed prefix do)."""
+    generator = torch.Generator().manual_seed(seed)
+    kv = [(torch.randn(1, 3, 1000, 4, generator=generator), torch.randn(1, 3, 1000, 4, generator=generator))
+          for _ in range(layers)]
+    return CachedPrefix(torch.tensor(tokens), [(k[:, :, :len(tokens)].clone(), v[:, :, :len(tokens)].clone())
+                                               for k, v in kv])
+
+
+TOOLS = list(range(200))  # the tools prompt every chat starts with
+
+
+def test_rows_reusing_one_entry_share_the_columns_all_of_them_reuse() -> None:
+    tools = stored(TOOLS)
+    assert shared_columns([Hit(tools, 200), Hit(tools, 180), Hit(tools, 200)]) == 180
+
+
+def test_rows_with_their_own_entries_share_the_tokens_they_start_with_where_their_kv_is_the_same() -> None:
+    one, two = stored(TOOLS + [7, 8, 9]), stored(TOOLS + [5, 6])
+    assert shared_columns([Hit(one, 203), Hit(two, 202)]) == 200
+
+
+def test_rows_whose_kv_differs_in_the_bits_share_nothing() -> None:
+    one, two = stored(TOOLS + [7, 8, 9]), stored(TOOLS + [5, 6])
+    two.layers[1][1][0, 2, 150, 3] += 1e-6  # computed in another batch: one value rounded otherwise
+    assert shared_columns([Hit(one, 203), Hit(two, 202)]) == 0
+
+
+def test_one_row_or_a_short_common_prefix_shares_nothing() -> None:
+    tools = stored(TOOLS)
+    assert shared_columns([Hit(tools, 200)]) == 0
+    assert shared_columns([Hit(tools, MIN_SHARED_COLUMNS - 1), Hit(tools, 200)]) == 0
+    assert shared_columns([Hit(tools, 200), Hit(None, 0)]) == 0
+    early = stored(TOOLS[:100] + [999] * 100)  # the same KV, but other tokens from the 101st on
+    assert shared_columns([Hit(tools, 200), Hit(early, 200)]) == 0

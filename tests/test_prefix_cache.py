@@ -8,6 +8,7 @@ converts the GGUF into a temporary folder, the second loads that converted copy.
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 import pytest_asyncio
@@ -159,6 +160,29 @@ async def test_the_prefix_two_new_chats_share_is_computed_once_and_counted_once(
     low, high = sorted([first, second], key=lambda c: c.cached_tokens)
     assert low.cached_tokens == 0  # one row computed the system prompt and tools...
     assert high.cached_tokens > 0.8 * high.prompt_tokens  # ...and the other reused them, in its batch or after it
+
+
+@real_model_test
+async def test_chats_at_once_read_the_tools_prompt_once_a_step_and_answer_as_without_the_cache(backends) -> None:
+    """Rows that reuse the same tools prompt hold the same KV for it: the decode attention reads it once for the
+    whole batch (attention.py). First calls reuse one stored entry; second calls their own, checked equal."""
+    plain, cached, _ = backends
+    questions = ("What is 12 * 7?", "What is 3 + 5?", "What is 81 / 9?")
+    await cached.complete(react_turn("What is 1 + 1?"), stop=STOP, max_new_tokens=2)  # the tools prompt stored
+    results = {}
+    logged: list[str] = []
+    with worker_log_watched(logged.append):
+        for name, llm in (("plain", plain), ("cached", cached)):
+            firsts = [react_turn(question) for question in questions]
+            ones = await asyncio.gather(*(llm.complete(first, stop=STOP, max_new_tokens=16) for first in firsts))
+            twos = await asyncio.gather(*(llm.complete(continued(first, one.text, "42"), stop=STOP,
+                                                       max_new_tokens=16) for first, one in zip(firsts, ones)))
+            results[name] = [reply.text for reply in (*ones, *twos)]
+    assert results["cached"] == results["plain"]
+    shared = [int(found[1]) for message in logged
+              if (found := re.search(r"(\d+) columns the same in every row", message))]
+    tools_prompt = 0.5 * min(reply.prompt_tokens for reply in ones)
+    assert len([columns for columns in shared if columns > tools_prompt]) >= 2, logged  # first and second calls
 
 
 @real_model_test

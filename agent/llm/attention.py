@@ -36,6 +36,9 @@ SHORT_QUERY = 16
 PROMPT_SCORES = 1 << 23
 # A cache's whole room is read when its spare columns are at most a fifth of its filled ones (`_whole_room`).
 SPARE_SHARE = 5
+# The keyword a pass gives the attention (through the model's forward) naming how many leading columns of the
+# batch's cache hold the same KV in every row (`shared_prefix`).
+SHARED_COLUMNS = "qwenbot_shared_columns"
 
 
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -43,12 +46,14 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
                      **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: `query` [batch, heads, q, dim], `key`/`value` [batch, kv heads,
     length, dim], a boolean (True: attend) or additive mask, or None for a plain causal one; returns
-    [batch, q, heads, dim]."""
+    [batch, q, heads, dim]. `SHARED_COLUMNS` in `kwargs`: that many leading columns hold the same KV in every row,
+    and every query sees them (a reused prefix, before any row's padding and the pass's own tokens)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    shared = kwargs.pop(SHARED_COLUMNS, 0)
     if key.dtype != query.dtype:  # a cache kept in a narrower dtype than the model computes in (batch_kv.py)
         output, _ = decode_attention(module, query.to(key.dtype), key, value, attention_mask, scaling, dropout,
-                                     **kwargs)
+                                     **kwargs, **{SHARED_COLUMNS: shared})
         return output.to(query.dtype), None
     width = query.shape[2]
     # sdpa for fp32 prompts, and for a whole prompt with no mask (its flash kernel skips the masked half then).
@@ -65,8 +70,11 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     keys, values = key.reshape(batch * kv_heads, room, dim), value.reshape(batch * kv_heads, room, dim)
     short = width <= SHORT_QUERY
     hidden = _hidden_columns(attention_mask, sizes, key.dtype, key.device, expanded=short)
-    attend = _short_query if short else _prompt
-    output = attend(query, keys, values, hidden, sizes, scale)
+    if short and batch > 1 and 0 < shared <= length and key.dtype != torch.bfloat16:
+        output = _short_query_over_shared(query, key, value, hidden, sizes, scale, shared)
+    else:
+        attend = _short_query if short else _prompt
+        output = attend(query, keys, values, hidden, sizes, scale)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -82,6 +90,38 @@ def _short_query(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     scores = torch.baddbmm(hidden, grouped, keys.transpose(1, 2), alpha=scale)
     output = torch.bmm(torch.softmax(scores, dim=-1), values)
     return output.view(batch, kv_heads * groups, width, query.shape[-1])
+
+
+def _short_query_over_shared(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, hidden: torch.Tensor,
+                             sizes: tuple[int, ...], scale: float, shared: int) -> torch.Tensor:
+    """`_short_query` for a batch whose first `shared` columns hold the same KV in every row (the tools prompt
+    the chats share): every row's queries read those columns once, from the first row, as one product, and only
+    the rest of each row's own. The scores are joined for one softmax, so it is the same attention, summed in
+    two parts. Measured on a 2-core AVX2 CPU in float32, 8 rows × 1,024 columns of which 770 shared, a layer's
+    two products: 0.73 ms whole against 0.37 split. `key`/`value` are [batch, kv heads, room, dim] views.
+
+    Not for a bf16 cache: oneDNN copies a product's input that is not contiguous (see `_whole_room`), and each
+    row's own columns are not once the shared ones are cut out of the room."""
+    batch, kv_heads, groups, width, _, room = sizes
+    dim = query.shape[-1]
+    rows = groups * width  # one row's queries per KV head
+    grouped = query.reshape(batch, kv_heads, rows, dim)
+    # The shared columns once: all rows' queries of a KV head stacked, [kv heads, batch × rows, dim].
+    stacked = grouped.transpose(0, 1).reshape(kv_heads, batch * rows, dim)
+    shared_keys, shared_values = key[0, :, :shared], value[0, :, :shared]
+    shared_scores = torch.bmm(stacked, shared_keys.transpose(1, 2)).mul_(scale)
+    own_keys = key[:, :, shared:].reshape(batch * kv_heads, room - shared, dim)
+    own_values = value[:, :, shared:].reshape(batch * kv_heads, room - shared, dim)
+    own_scores = torch.baddbmm(hidden[..., shared:], grouped.reshape(batch * kv_heads, rows, dim),
+                               own_keys.transpose(1, 2), alpha=scale)
+    by_row = shared_scores.view(kv_heads, batch, rows, shared).transpose(0, 1).reshape(batch * kv_heads, rows,
+                                                                                     shared)
+    weights = torch.softmax(torch.cat([by_row, own_scores], dim=-1), dim=-1)
+    output = torch.bmm(weights[..., shared:], own_values)
+    shared_weights = weights[..., :shared].reshape(batch, kv_heads, rows, shared).transpose(0, 1)
+    from_shared = torch.bmm(shared_weights.reshape(kv_heads, batch * rows, shared), shared_values)
+    output.view(batch, kv_heads, rows, dim).add_(from_shared.view(kv_heads, batch, rows, dim).transpose(0, 1))
+    return output.view(batch, kv_heads * groups, width, dim)
 
 
 def _prompt(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor,
@@ -169,6 +209,13 @@ def _visible(attention_mask: torch.Tensor | None, width: int, length: int, room:
     columns = torch.arange(room, device=device)
     queries = torch.arange(length - width, length, device=device)
     return (columns[None, :] <= queries[:, None])[None, None, None]
+
+
+def shared_prefix(model: Any, columns: int) -> dict[str, int]:
+    """The keyword arguments telling a pass of `model` that the batch's first `columns` columns hold the same KV
+    in every row; none where its attention is not `decode_attention` (others would not know the keyword)."""
+    uses_ours = getattr(model.config, "_attn_implementation", None) == NAME
+    return {SHARED_COLUMNS: columns} if columns and uses_ours else {}
 
 
 def use_decode_attention(model: Any) -> None:

@@ -28,6 +28,9 @@ from agent.llm.prefix_cache import Hit
 GROWTH_COLUMNS = 128
 # A model attribute naming the dtype its batch caches hold KV in, where not its own (local.py: int8 on bf16 CPUs).
 KV_DTYPE = "qwenbot_kv_dtype"
+# Below this many columns the same in every row, the decode attention reads each row's own (`shared_columns`):
+# reading a short prefix once saves less than the split attention's extra products cost.
+MIN_SHARED_COLUMNS = 128
 
 
 class RoomyLayer(DynamicLayer):
@@ -103,3 +106,30 @@ def batch_cache(model: Any, hits: Sequence[Hit], cached: int, width: int, new_to
         if target is not layer:
             layer.update(target.keys, target.values)
     return cache
+
+
+def shared_columns(hits: Sequence[Hit]) -> int:
+    """How many leading columns of the batch's cache will hold the same KV in every row, so that a decode step's
+    attention may read them once for all rows (attention.py's `shared_prefix`): the tokens every row's reused
+    prefix starts with (the tools prompt), where every row holds the very same keys and values for them; 0 for
+    one row, or a short or differing prefix.
+
+    Rows of a batch usually reuse one entry of the store there or entries copied from the same batch cache, but a
+    row's prefix may have been computed in another batch, in other bits: checking costs one read of the prefixes,
+    where every decode step would read them all."""
+    length = min((hit.length for hit in hits), default=0)
+    if len(hits) < 2 or length < MIN_SHARED_COLUMNS:
+        return 0
+    first = hits[0].entry
+    assert first is not None
+    others = [hit.entry for hit in hits[1:] if hit.entry is not first]
+    for entry in others:
+        length = min(length, entry.common_length(first.tokens))  # type: ignore[union-attr]
+    if length < MIN_SHARED_COLUMNS:
+        return 0
+    for entry in others:
+        for (keys, values), (own_keys, own_values) in zip(first.layers, entry.layers):  # type: ignore[union-attr]
+            if not (torch.equal(keys[:, :, :length], own_keys[:, :, :length])
+                    and torch.equal(values[:, :, :length], own_values[:, :, :length])):
+                return 0
+    return length

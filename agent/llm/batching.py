@@ -36,7 +36,7 @@ import torch
 from transformers import DynamicCache
 
 from agent.llm.base import Message
-from agent.llm.batch_kv import KV_DTYPE, batch_cache
+from agent.llm.batch_kv import KV_DTYPE, batch_cache, shared_columns
 from agent.llm.constraints import GrammarEngine, RowGrammar
 from agent.llm.decoding import Decoding, cache_argument, decode
 from agent.llm.drafts import DraftIndex, DraftLength, DraftLimits
@@ -226,12 +226,13 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
         room = layout.input_ids.shape[1] + longest * (DRAFT_ROOM if drafts.per_row else 1)
         cache = batch_cache(model, hits, layout.cached, layout.input_ids.shape[1], room - layout.input_ids.shape[1])
         _begin(rows, hits, fresh, store)
-        log.debug("batch of %d: reused %s prompt tokens, computed %d columns", len(rows), layout.reused,
-                  layout.input_ids.shape[1] - layout.cached)
+        shared = shared_columns(hits)
+        log.debug("batch of %d: reused %s prompt tokens, %d columns the same in every row, computed %d columns",
+                  len(rows), layout.reused, shared, layout.input_ids.shape[1] - layout.cached)
         # Without a store (PREFIX_CACHE_MB=0) a batch runs to its end: the plain mode.
         run = Decoding(model, tokenizer, eos, pad_id, min_new_tokens, grammars, drafts,
                        should_pause if store.budget_bytes else (lambda: False), on_finished)
-        mask = decode(run, rows, layout.input_ids, layout.attention_mask, layout.cached, cache, room)
+        mask = decode(run, rows, layout.input_ids, layout.attention_mask, layout.cached, cache, room, shared)
         _store_rows(rows, mask, cache, store)
 
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from agent.llm.attention import shared_prefix
 from agent.llm.constraints import GrammarEngine
 from agent.llm.drafts import DraftLimits
 
@@ -48,14 +49,16 @@ class Decoding:
 
 
 def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: torch.Tensor, cached: int,
-           cache: Any, room: int) -> torch.Tensor:
+           cache: Any, room: int, shared: int = 0) -> torch.Tensor:
     """Generate for `rows` (batching.py's `BatchRow`) until every one has ended or the batch pauses; returns the
     final attention mask, whose ones are the columns of the cache holding each row's tokens.
 
     `input_ids`/`mask` are the laid-out batch (`[reused prefix][padding][own tokens]`); the cache holds its first
-    `cached` columns and has `room` columns in all."""
+    `cached` columns and has `room` columns in all; its first `shared` columns are the same in every row."""
     mask = mask.clone()
-    first = _forward(run.model, input_ids[:, cached:], mask, _prompt_positions(mask)[:, cached:], cache, keep=1)
+    same = shared_prefix(run.model, shared)
+    first = _forward(run.model, input_ids[:, cached:], mask, _prompt_positions(mask)[:, cached:], cache, keep=1,
+                     **same)
     Verifier(run, rows).take(first, [[] for _ in rows])
     positions = mask.sum(dim=1)  # each row's newest token comes right after its prompt
     passes, drafted, agreed = 1, 0, 0
@@ -65,7 +68,7 @@ def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: to
         ids, fed = _step_inputs(rows, drafts, width, run.pad_id, mask.device)
         mask = torch.cat([mask, fed], dim=1)
         logits = _forward(run.model, ids, mask, positions[:, None] + torch.arange(width, device=mask.device), cache,
-                          keep=width)
+                          keep=width, **same)
         taken = Verifier(run, rows).take(logits, drafts)
         for index, count in enumerate(taken):  # a draft's rejected positions become holes
             mask[index, mask.shape[1] - width + count:] = 0
@@ -88,10 +91,11 @@ def _prompt_positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _forward(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any,
-             keep: int) -> torch.Tensor:
-    """One pass over `ids` (appended to the cache): the scores of its last `keep` columns, as float32."""
+             keep: int, **attention: Any) -> torch.Tensor:
+    """One pass over `ids` (appended to the cache): the scores of its last `keep` columns, as float32.
+    `attention`: keywords for the attention function (attention.py's `shared_prefix`)."""
     output = model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_argument(model): cache},
-                   use_cache=True, logits_to_keep=keep)
+                   use_cache=True, logits_to_keep=keep, **attention)
     return output.logits.float()
 
 
