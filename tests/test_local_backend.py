@@ -19,12 +19,10 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import torch
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory, ModelLoadError
 from agent.llm.base import CancelToken, Completion
 from agent.llm.batching import APART_PASS_TOKENS, lay_out, rows_to_prefill_apart, shared_prefix_length
-from agent.llm.cpu_linear import packing_available
 from agent.llm.local import LocalLLM, cpu_has_native_bf16
 from tests.real_model import GGUF, real_model_test, started_local_llm, worker_log_watched
 
@@ -393,20 +391,6 @@ def test_native_mode_on_a_template_that_ignores_tools_stops_at_start_in_one_line
         f"qwenbot: MODEL {GGUF}: its chat template ignores tools, so AGENT_MODE=native would show the model none; "
         "use AGENT_MODE=react")
     assert "Traceback" not in done.stderr
-
-
-@real_model_test
-async def test_float32_on_a_cpu_without_bf16_packs_its_linear_layers_and_still_answers(caplog) -> None:
-    backend = LocalLLM(str(GGUF), device_map="cpu", dtype="float32", batch_size=8)
-    with caplog.at_level(logging.INFO, logger="agent.llm.local"):
-        await backend.start()
-    try:
-        reply = await backend.complete(FRANCE, max_new_tokens=12)
-    finally:
-        await backend.close()
-    packed = not cpu_has_native_bf16() and packing_available(torch.float32)
-    assert ("float32 linear layers packed" in caplog.text) == packed
-    assert "Paris" in reply.text and reply.completion_tokens <= 12
 
 
 @real_model_test

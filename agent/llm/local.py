@@ -70,8 +70,8 @@ def choose_dtype(setting: str, on_gpu: bool) -> Any:
 
     Native bf16: a CUDA GPU, or a CPU with avx512_bf16 or AMX (measured 2.4-3x faster than fp32 on such a CPU).
     Without those instructions bf16 is emulated and slower than fp32. bf16 is not batch-invariant: rounding can
-    flip a near-tied greedy choice when the batch shape changes; MODEL_DTYPE=float32 buys exact outputs (fp32's
-    rounding only, far less batch-dependent) at that speed cost.
+    flip a near-tied greedy choice when the batch shape changes; MODEL_DTYPE=float32 buys exact, batch-independent
+    outputs (on a CPU) at that speed cost.
     """
     import torch
 
@@ -165,10 +165,6 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     if not on_gpu and model.dtype == torch.bfloat16:
         fuse_projections(model)  # one product for query/key/value, one for gate/up (fused_linear.py)
         pack_linears(model)  # bf16 weights laid out once, not at every call (cpu_linear.py)
-    elif not on_gpu and dtype_setting != "int8" and not cpu_has_native_bf16():
-        # fp32 too where it is what auto picks (cpu_linear.py); int8 quantizes these layers instead.
-        if pack_linears(model, torch.float32):
-            log.info("float32 linear layers packed for oneDNN (this CPU has no bf16)")
     if dtype_setting == "int8":
         model = quantize_int8(model)
         if cpu_has_native_bf16():  # half the KV's reads and memory: 10-20% more tokens/s at 8 chats (bench)
