@@ -17,8 +17,10 @@ a time, a whole prefill of 150 new tokens over a cached 781-token prefix took 24
 whole with no mask (transformers then asks sdpa for a causal one, whose kernel skips the masked half).
 
 The query heads that share a KV head are stacked as rows of one product (grouped-query attention without copying
-the KV, as transformers' own `pack_gqa` does). Registered with transformers' `AttentionInterface` under `NAME`,
-with sdpa's mask; `load_model` selects it for models on the CPU.
+the KV, as transformers' own `pack_gqa` does). The rows of a batch that reuse one prefix (the tools prompt every
+chat starts with) hold the same KV for it: a decode step reads those columns once for all rows, not once a row
+(`_short_query_over_shared`; the pass is told how many through `SHARED_COLUMNS`). Registered with transformers'
+`AttentionInterface` under `NAME`, with sdpa's mask; `load_model` selects it for models on the CPU.
 """
 
 from __future__ import annotations

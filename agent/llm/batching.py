@@ -20,6 +20,8 @@ Runs on the model thread only (see `worker.py`). The choices here, measured on 2
   does.
 - The batch's cache is written in place and grows a block of columns at a time (batch_kv.py): transformers' own
   cache copies every row's whole KV at every step: a third of the model thread's time in a profile of the eval.
+- The prefix the rows share holds the same KV in every row (checked: `shared_columns`), so a decode step's attention
+  reads it once for the batch (attention.py): 8 chats over a 715-token tools prompt read ~60% fewer KV columns.
 - A row may be decoded under a grammar (agent/grammar.py): before each token the decode loop masks each
   constrained row by its own matcher (constraints.py), and the row feeds its matcher the token it took. The
   matcher belongs to the row, so a paused row resumes where its grammar left it; it sees generated tokens only, so
