@@ -216,8 +216,17 @@ def _visible(attention_mask: torch.Tensor | None, width: int, length: int, room:
 def shared_prefix(model: Any, columns: int) -> dict[str, int]:
     """The keyword arguments telling a pass of `model` that the batch's first `columns` columns hold the same KV
     in every row; none where its attention is not `decode_attention` (others would not know the keyword)."""
-    uses_ours = getattr(model.config, "_attn_implementation", None) == NAME
-    return {SHARED_COLUMNS: columns} if columns and uses_ours else {}
+    return {SHARED_COLUMNS: columns} if columns and _uses_decode_attention(model) else {}
+
+
+def reads_shared_prefix(model: Any, kv_dtype: torch.dtype) -> bool:
+    """Whether a decode step of `model` over a cache in `kv_dtype` reads shared columns once (not in bf16: see
+    `_short_query_over_shared`), so that finding them (batch_kv.py's `shared_columns`) is worth its read."""
+    return _uses_decode_attention(model) and kv_dtype != torch.bfloat16
+
+
+def _uses_decode_attention(model: Any) -> bool:
+    return getattr(model.config, "_attn_implementation", None) == NAME
 
 
 def use_decode_attention(model: Any) -> None:

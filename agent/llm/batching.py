@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache
 
+from agent.llm.attention import reads_shared_prefix
 from agent.llm.base import Message
 from agent.llm.batch_kv import KV_DTYPE, batch_cache, shared_columns
 from agent.llm.constraints import GrammarEngine, RowGrammar
@@ -228,7 +229,9 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
         room = layout.input_ids.shape[1] + longest * (DRAFT_ROOM if drafts.per_row else 1)
         cache = batch_cache(model, hits, layout.cached, layout.input_ids.shape[1], room - layout.input_ids.shape[1])
         _begin(rows, hits, fresh, store)
-        shared = shared_columns(hits)
+        # Columns every row holds the same KV for, read once a step; only looked for where the attention would.
+        kv_dtype = getattr(model, KV_DTYPE, None) or model.dtype
+        shared = shared_columns(hits) if reads_shared_prefix(model, kv_dtype) else 0
         log.debug("batch of %d: reused %s prompt tokens, %d columns the same in every row, computed %d columns",
                   len(rows), layout.reused, shared, layout.input_ids.shape[1] - layout.cached)
         # Without a store (PREFIX_CACHE_MB=0) a batch runs to its end: the plain mode.

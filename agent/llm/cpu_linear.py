@@ -10,9 +10,11 @@ frozen CPU models (`torch.ops.mkldnn._reorder_linear_weight`, then `_linear_poin
 Only bf16: for fp32 the packed kernel is sometimes slower and rounds differently, and MODEL_DTYPE=float32 promises
 exact outputs. On a 2-core AVX2 CPU without bf16 (where auto is fp32) it was 2-4x faster than MKL in products
 measured alone (weights in cache), but not in whole generations, whose passes wait on memory: interleaved on the
-same recorded calls, 1 chat 106.6 s against 110.2, 8 chats 116.0 against 114.4, for ~500 MB more resident. A tied output layer (the embedding's weight) is packed too, as a copy of its own: vocabulary ×
-hidden size in bf16 more memory (56 MB for SmolLM2-135M, 272 MB for Qwen2.5-0.5B), for the largest product of a
-decode step (49,152×576 at 8 rows: 4.9 ms plain against 2.3 ms packed; 5-10% of a whole pass).
+same recorded calls, 1 chat 106.6 s against 110.2, 8 chats 116.0 against 114.4, for ~500 MB more resident.
+
+A tied output layer (the embedding's weight) is packed too, as a copy of its own: vocabulary × hidden size in bf16
+more memory (56 MB for SmolLM2-135M, 272 MB for Qwen2.5-0.5B), for the largest product of a decode step
+(49,152×576 at 8 rows: 4.9 ms plain against 2.3 ms packed; 5-10% of a whole pass).
 """
 
 from __future__ import annotations
