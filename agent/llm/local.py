@@ -26,6 +26,7 @@ from agent.llm.batch_kv import KV_DTYPE
 from agent.llm.base import LLM, MODEL_DTYPES, CancelToken, Completion, Message, TextSink
 from agent.llm.constraints import GrammarEngine
 from agent.llm.cpu_linear import pack_linears
+from agent.llm.fp32_linear import use_short_input_linears
 from agent.llm.drafts import DraftLimits
 from agent.llm.fused_linear import fuse_projections
 from agent.llm.hub import hub_load_options
@@ -165,6 +166,8 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     if not on_gpu and model.dtype == torch.bfloat16:
         fuse_projections(model)  # one product for query/key/value, one for gate/up (fused_linear.py)
         pack_linears(model)  # bf16 weights laid out once, not at every call (cpu_linear.py)
+    if not on_gpu and model.dtype == torch.float32 and dtype_setting != "int8":
+        use_short_input_linears(model)  # a decode step's products on every core (fp32_linear.py)
     if dtype_setting == "int8":
         model = quantize_int8(model)
         if cpu_has_native_bf16():  # half the KV's reads and memory: 10-20% more tokens/s at 8 chats (bench)
