@@ -96,6 +96,18 @@ def test_a_float32_prompt_and_a_whole_prompt_without_a_mask_are_sdpa_s_own_atten
     assert torch.equal(ours, sdpa_attention_forward(Module(), query, key, value, None)[0])
 
 
+@pytest.mark.parametrize("additive", [False, True])
+def test_a_masked_float32_prompt_over_a_cache_with_room_is_sdpa_s_own_attention(additive: bool) -> None:
+    query, key, value, mask = random_attention(width=30, length=40)  # the second row padded: a mask is needed
+    if additive:
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    roomy_key, roomy_value = in_a_roomy_cache(key, 48), in_a_roomy_cache(value, 48)
+    ours, _ = decode_attention(Module(), query, roomy_key, roomy_value, mask, scaling=0.3)
+    theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.3)
+    assert ours.shape == (4, 30, 6, 8)
+    assert torch.equal(ours, theirs)
+
+
 def in_a_roomy_cache(states: torch.Tensor, room: int) -> torch.Tensor:
     """`states` as batch_kv.py's `RoomyLayer` shows them: the first columns of a zeroed tensor with `room`."""
     whole = states.new_zeros(*states.shape[:2], room, states.shape[3])
