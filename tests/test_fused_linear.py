@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from agent.llm.cpu_linear import pack_linears
 from agent.llm.fused_linear import ProjectionSlice, StackedProjections, fuse_projections
+from agent.llm.local import quantize_int8
 
 
 def projections(bias: bool, dtype: torch.dtype) -> list[torch.nn.Linear]:
@@ -79,6 +80,20 @@ def test_a_bf16_model_with_stacked_projections_gives_the_same_tokens_and_scores(
     pack_linears(fused)
     attention = fused.model.layers[0].self_attn
     assert isinstance(attention.q_proj, ProjectionSlice) and not hasattr(attention.q_proj, "weight")
+    fused_tokens, fused_logits = greedy(fused)
+    assert fused_tokens == tokens and torch.equal(fused_logits, logits)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_an_int8_model_stacked_before_quantizing_gives_the_same_tokens_and_scores(kind: str) -> None:
+    # One activation scale for the stacked product is the scale each projection computed of the same input, and
+    # the weights are scaled per output channel, so stacking changes no output bit.
+    tokens, logits = greedy(quantize_int8(tiny(kind).float()))
+    fused = tiny(kind).float()
+    assert fuse_projections(fused) == 4
+    fused = quantize_int8(fused)
+    stacked = fused.model.layers[0].self_attn.qkv_proj.stacked
+    assert type(stacked) is torch.ao.nn.quantized.dynamic.Linear and stacked.out_features == 48 + 2 * 16
     fused_tokens, fused_logits = greedy(fused)
     assert fused_tokens == tokens and torch.equal(fused_logits, logits)
 

@@ -274,3 +274,18 @@ async def test_generate_through_the_batch_cache_writes_the_tokens_transformers_o
         roomy = model.generate(**options, **{cache_argument(model): room})
     assert torch.equal(plain, roomy)
     assert room.layers[0].length == layout.input_ids.shape[1] + 11  # generate wrote into it (the last token is not fed)
+
+
+@real_model_test
+async def test_int8_stacks_each_layers_projections_before_quantizing_them(backends) -> None:
+    """MODEL_DTYPE=int8: query/key/value and gate/up are one int8 product each (fused_linear.py), so a decode
+    step makes 4 quantized products a layer, not 7; tests/test_fused_linear.py checks the tokens do not change."""
+    _, _, converted = backends
+    model = load_model(resolve_model(str(GGUF)), "cpu", "int8", converted_dir=converted).model
+    quantized = [module for module in model.modules() if isinstance(module, torch.ao.nn.quantized.dynamic.Linear)]
+    layers = model.config.num_hidden_layers
+    assert len(quantized) == 4 * layers + 1  # and the output layer
+    attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert attention.qkv_proj.stacked in quantized and mlp.gate_up_proj.stacked in quantized
+    assert attention.qkv_proj.stacked.out_features == (model.config.num_attention_heads
+                                                       + 2 * model.config.num_key_value_heads) * attention.head_dim
