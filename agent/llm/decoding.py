@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from agent.llm import decode_pass
 from agent.llm.attention import shared_prefix
 from agent.llm.constraints import GrammarEngine
 from agent.llm.drafts import DraftLimits
@@ -93,7 +94,10 @@ def _prompt_positions(mask: torch.Tensor) -> torch.Tensor:
 def _forward(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any,
              keep: int, **attention: Any) -> torch.Tensor:
     """One pass over `ids` (appended to the cache): the scores of its last `keep` columns, as float32.
-    `attention`: keywords for the attention function (attention.py's `shared_prefix`)."""
+    `attention`: keywords for the attention function (attention.py's `shared_prefix`). A decode step of a model
+    whose forward decode_pass.py mirrors runs there, with the same scores and fewer calls."""
+    if decode_pass.fits(model, cache, ids.shape[1]):
+        return decode_pass.decode_pass(model, ids, mask, positions, cache, keep, **attention)
     output = model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_argument(model): cache},
                    use_cache=True, logits_to_keep=keep, **attention)
     return output.logits.float()
