@@ -131,14 +131,23 @@ def test_a_view_of_a_cache_with_room_attends_as_its_filled_columns_alone(room: i
     assert torch.allclose(ours.float(), alone.float(), atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
 
 
-def test_a_roomy_view_whose_spare_columns_hold_garbage_still_attends_to_its_filled_ones_only() -> None:
-    query, key, value, mask = random_attention()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_roomy_view_whose_spare_columns_hold_garbage_still_attends_to_its_filled_ones_only(
+        dtype: torch.dtype) -> None:
+    query, key, value, mask = (tensor.to(dtype) if tensor.is_floating_point() else tensor
+                               for tensor in random_attention())
     roomy_key, roomy_value = in_a_roomy_cache(key, 12), in_a_roomy_cache(value, 12)
     roomy_key.as_strided((4, 2, 12, 8), roomy_key.stride())[:, :, 9:] = 1e4  # as if a rejected draft sat there
     roomy_value.as_strided((4, 2, 12, 8), roomy_value.stride())[:, :, 9:] = 1e4
     ours, _ = decode_attention(Module(), query, roomy_key, roomy_value, mask)
-    theirs, _ = sdpa_attention_forward(Module(), query, key, value, mask)
-    assert torch.allclose(ours, theirs, atol=1e-5)
+    theirs, _ = sdpa_attention_forward(Module(), query.float(), key.float(), value.float(), mask)
+    assert torch.allclose(ours.float(), theirs, atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+def test_only_a_bf16_view_is_widened_to_its_whole_room() -> None:
+    _, key, _, _ = random_attention()  # 9 columns
+    assert attention._whole_room(in_a_roomy_cache(key.to(torch.bfloat16), 10)).shape[2] == 10
+    assert attention._whole_room(in_a_roomy_cache(key, 10)).shape[2] == 9  # float32 reads the view in place
 
 
 def with_shared_columns(shared: int, width: int, dtype: torch.dtype = torch.float32):

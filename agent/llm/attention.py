@@ -174,10 +174,14 @@ def _whole_room(states: torch.Tensor) -> torch.Tensor:
     are not (each row's room lies between them): 8 rows × 1,200 columns moved 480 MB a pass. The whole room is
     contiguous; its unfilled columns are zeros that the mask hides (or a rewound step's KV, hidden too). Worth it
     while they are few: in interleaved passes of the model, 8 rows × 1,300 filled columns took 64 ms a step with
-    5% spare against 69 copying, 66 against 60 with 30% spare; the batch's cache grows 128 columns at a time."""
+    5% spare against 69 copying, 66 against 60 with 30% spare; the batch's cache grows 128 columns at a time.
+
+    Not in float32, whose batched products read the strided view in place: there the spare columns are only read
+    for nothing. SmolLM2-135M in int8 (float32 KV) on a 2-core AVX2 CPU, a decode step of 8 rows over a 715-column
+    shared prefix and 180 own columns each, interleaved: 78 ms against 82 (60 own columns: 67 against 72)."""
     batch, heads, length, dim = states.shape
     room = states.stride(1) // dim
-    if (states.is_contiguous() or states.storage_offset() or room > length + length // SPARE_SHARE
+    if (states.dtype != torch.bfloat16 or states.is_contiguous() or states.storage_offset() or room > length + length // SPARE_SHARE
             or states.stride() != (heads * room * dim, room * dim, dim, 1)
             or states.untyped_storage().nbytes() < batch * heads * room * dim * states.element_size()):
         return states
