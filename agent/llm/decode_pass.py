@@ -22,7 +22,8 @@ transformers' forward.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -32,8 +33,12 @@ from agent.llm.batch_kv import RoomyLayer
 # The model classes whose forward this pass mirrors: the same layer, attention and MLP code (Qwen2 adds biases
 # to query, key and value, which the linear layers carry, and per-layer sliding windows, which `fits` rules out).
 MIRRORED = {"LlamaForCausalLM": "LlamaDecoderLayer", "Qwen2ForCausalLM": "Qwen2DecoderLayer"}
-# The attribute caching, on the model, whether its modules are the mirrored ones (they do not change once loaded).
+# Attributes caching, on the model, whether its modules are the mirrored ones and each layer's calls (`LayerPlan`):
+# its modules do not change once it is loaded.
 PLAIN_LAYERS = "_qwenbot_plain_layers"
+PLANS = "_qwenbot_decode_plans"
+# transformers' RMS norms that compute exactly what PyTorch's `rms_norm` does in float32.
+RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm"}
 
 
 def fits(model: Any, cache: Any, width: int) -> bool:
@@ -73,12 +78,83 @@ def decode_pass(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: to
     cos, sin = base.rotary_emb(hidden, positions)
     rotation = (cos.unsqueeze(2), _signed_halves(sin).unsqueeze(2))  # [rows, width, 1, head dim]: for every head
     visible = _visible(mask, ids.shape[1])
-    for index, layer in enumerate(base.layers):
-        states = layer.input_layernorm(hidden)
-        hidden = hidden + _attend(layer.self_attn, states, rotation, visible, cache.layers[index], attention)
-        states = layer.post_attention_layernorm(hidden)
-        hidden = hidden + _mlp(layer.mlp, states)
+    for plan, layer_cache in zip(_plans(model), cache.layers):
+        hidden = hidden + _attend(plan, plan.input_norm(hidden), rotation, visible, layer_cache, attention)
+        hidden = hidden + _mlp(plan, plan.post_norm(hidden))
     return model.lm_head(base.norm(hidden[:, -keep:])).float()
+
+
+class LayerPlan(NamedTuple):
+    """One decoder layer's calls, looked up once (a step would otherwise find each module through attribute
+    lookups, and call it through `nn.Module.__call__`): each the most direct exact call there is (`_product`,
+    `_norm`). With the stacked products (fused_linear.py), their columns: query and key up to `key_end`, value
+    `value_start:value_end`; gate up to `gate_end`, up after it."""
+
+    attn: Any
+    input_norm: Callable[[torch.Tensor], torch.Tensor]
+    post_norm: Callable[[torch.Tensor], torch.Tensor]
+    qkv: Callable[[torch.Tensor], torch.Tensor] | None  # the stacked product, or None: `projections` apart
+    projections: tuple[Callable[[torch.Tensor], torch.Tensor], ...]  # query, key, value
+    key_end: int
+    value_start: int
+    value_end: int
+    output: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # the stacked product, or None: `gate`, `up` apart
+    gate: Callable[[torch.Tensor], torch.Tensor]
+    up: Callable[[torch.Tensor], torch.Tensor]
+    gate_end: int
+    down: Callable[[torch.Tensor], torch.Tensor]
+    act: Callable[[torch.Tensor], torch.Tensor]
+    heads: int
+    kv_heads: int
+    dim: int
+
+
+def _plans(model: Any) -> list[LayerPlan]:
+    plans = getattr(model, PLANS, None)
+    if plans is None:
+        in_float32 = model.dtype == torch.float32
+        plans = [_layer_plan(layer, in_float32) for layer in model.model.layers]
+        setattr(model, PLANS, plans)
+    return plans
+
+
+def _layer_plan(layer: Any, in_float32: bool) -> LayerPlan:
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv, gate_up = getattr(attn, "qkv_proj", None), getattr(mlp, "gate_up_proj", None)
+    return LayerPlan(
+        attn=attn, input_norm=_norm(layer.input_layernorm, in_float32),
+        post_norm=_norm(layer.post_attention_layernorm, in_float32),
+        qkv=_product(qkv.stacked) if qkv is not None else None,
+        projections=tuple(_product(part) for part in (attn.q_proj, attn.k_proj, attn.v_proj)),
+        key_end=getattr(attn.k_proj, "end", 0), value_start=getattr(attn.v_proj, "start", 0),
+        value_end=getattr(attn.v_proj, "end", 0), output=_product(attn.o_proj),
+        gate_up=_product(gate_up.stacked) if gate_up is not None else None, gate=_product(mlp.gate_proj),
+        up=_product(mlp.up_proj), gate_end=getattr(mlp.gate_proj, "end", 0), down=_product(mlp.down_proj),
+        act=mlp.act_fn, heads=attn.config.num_attention_heads, kv_heads=attn.config.num_key_value_heads,
+        dim=attn.head_dim)
+
+
+def _product(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`module`'s forward; for an int8 layer of `quantize_int8` (local.py), the quantized product its forward makes,
+    called directly (its forward only picks it, and casts float32 to float32)."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+    if (type(module) is DynamicInt8Linear and module._packed_params.dtype == torch.qint8
+            and (module.version or 0) >= 4):
+        packed = module._packed_params._packed_params
+        return lambda inputs: torch.ops.quantized.linear_dynamic(inputs, packed, reduce_range=True)
+    return module
+
+
+def _norm(module: Any, in_float32: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The RMS norm; in float32 as PyTorch's own `rms_norm`, one call that makes the same operations as
+    transformers' module (the same bits, tested), which are six calls. Not in bf16: the module computes in float32
+    and casts back, `rms_norm` does not."""
+    if in_float32 and type(module).__name__ in RMS_NORMS:
+        return functools.partial(torch.nn.functional.rms_norm, normalized_shape=(module.weight.shape[0],),
+                                 weight=module.weight, eps=module.variance_epsilon)
+    return module
 
 
 def _visible(mask: torch.Tensor, width: int) -> torch.Tensor:
@@ -101,32 +177,29 @@ def _rotate(heads: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) ->
     return heads * cos + heads.roll(heads.shape[-1] // 2, dims=-1) * signed_sin
 
 
-def _attend(attn: Any, states: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor], visible: torch.Tensor,
-            layer_cache: Any, attention: dict[str, Any]) -> torch.Tensor:
+def _attend(plan: LayerPlan, states: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor],
+            visible: torch.Tensor, layer_cache: Any, attention: dict[str, Any]) -> torch.Tensor:
     """The attention block's output: projections, rotary, the cache's update, the attention, the output product."""
     rows, width, _ = states.shape
-    dim = attn.head_dim
-    query_heads, kv_heads = attn.config.num_attention_heads, attn.config.num_key_value_heads
-    stacked = getattr(attn, "qkv_proj", None)
-    if stacked is not None:  # one product, its slices' columns as they would take them; query and key rotated at once
-        qkv = stacked.stacked(states)
-        rotated = _rotate(qkv[..., : attn.k_proj.end].view(rows, width, query_heads + kv_heads, dim), rotation)
-        query, key = rotated[:, :, :query_heads], rotated[:, :, query_heads:]
-        value = qkv[..., attn.v_proj.start: attn.v_proj.end].view(rows, width, kv_heads, dim)
+    heads, kv_heads, dim = plan.heads, plan.kv_heads, plan.dim
+    if plan.qkv is not None:  # one product, its slices' columns as they would take them; query and key rotated at once
+        qkv = plan.qkv(states)
+        rotated = _rotate(qkv[..., : plan.key_end].view(rows, width, heads + kv_heads, dim), rotation)
+        query, key = rotated[:, :, :heads], rotated[:, :, heads:]
+        value = qkv[..., plan.value_start: plan.value_end].view(rows, width, kv_heads, dim)
     else:
-        query = _rotate(attn.q_proj(states).view(rows, width, query_heads, dim), rotation)
-        key = _rotate(attn.k_proj(states).view(rows, width, kv_heads, dim), rotation)
-        value = attn.v_proj(states).view(rows, width, kv_heads, dim)
+        to_query, to_key, to_value = plan.projections
+        query = _rotate(to_query(states).view(rows, width, heads, dim), rotation)
+        key = _rotate(to_key(states).view(rows, width, kv_heads, dim), rotation)
+        value = to_value(states).view(rows, width, kv_heads, dim)
     keys, values = layer_cache.update(key.transpose(1, 2), value.transpose(1, 2))
-    output, _ = decode_attention(attn, query.transpose(1, 2), keys, values, visible, scaling=attn.scaling,
+    output, _ = decode_attention(plan.attn, query.transpose(1, 2), keys, values, visible, scaling=plan.attn.scaling,
                                  **attention)
-    return attn.o_proj(output.reshape(rows, width, -1))
+    return plan.output(output.reshape(rows, width, -1))
 
 
-def _mlp(mlp: Any, states: torch.Tensor) -> torch.Tensor:
-    stacked = getattr(mlp, "gate_up_proj", None)
-    if stacked is None:
-        return mlp.down_proj(mlp.act_fn(mlp.gate_proj(states)) * mlp.up_proj(states))
-    gate_up = stacked.stacked(states)  # the slices' columns of it, as they would take them
-    gate, up = (gate_up[..., part.start: part.end] for part in (mlp.gate_proj, mlp.up_proj))
-    return mlp.down_proj(mlp.act_fn(gate) * up)
+def _mlp(plan: LayerPlan, states: torch.Tensor) -> torch.Tensor:
+    if plan.gate_up is None:
+        return plan.down(plan.act(plan.gate(states)) * plan.up(states))
+    gate_up = plan.gate_up(states)  # the slices' columns of it, as they would take them
+    return plan.down(plan.act(gate_up[..., : plan.gate_end]) * gate_up[..., plan.gate_end:])
