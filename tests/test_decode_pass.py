@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from accelerate.hooks import ModelHook, add_hook_to_module
 from transformers import (DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 
@@ -96,7 +97,7 @@ def test_one_row_gives_the_same_scores() -> None:
     steps(tiny("llama", "stacked"), rows=1)
 
 
-def test_prompts_other_caches_attention_and_models_keep_the_models_forward() -> None:
+def test_prompts_other_caches_attention_models_and_hooked_models_keep_the_models_forward() -> None:
     model = tiny("llama")
     cache = batch_cache(model, [], 0, 12, 32)
     assert decode_pass.fits(model, cache, 16)
@@ -106,6 +107,11 @@ def test_prompts_other_caches_attention_and_models_keep_the_models_forward() -> 
     assert not decode_pass.fits(sdpa, batch_cache(sdpa, [], 0, 12, 32), 1)
     windowed = tiny("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0)
     assert not decode_pass.fits(windowed, batch_cache(windowed, [], 0, 12, 32), 1)
+    for hook in (lambda layer: add_hook_to_module(layer, ModelHook()),  # accelerate's, as offloading adds them
+                 lambda layer: layer.register_forward_hook(lambda *args: None)):  # PyTorch's own
+        hooked = tiny("llama", "int8")
+        hook(hooked.model.layers[1].mlp.down_proj)
+        assert not decode_pass.fits(hooked, batch_cache(hooked, [], 0, 12, 32), 1)
     torch.manual_seed(0)
     other = Qwen3ForCausalLM(Qwen3Config(**SIZES)).eval()  # norms on query and key: not mirrored
     use_decode_attention(other)

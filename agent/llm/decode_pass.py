@@ -58,12 +58,14 @@ def fits(model: Any, cache: Any, width: int) -> bool:
 
 def _plain_layers(model: Any) -> bool:
     """The model's class and every decoder layer's are the mirrored ones, attention over all columns (no sliding
-    window), and no accelerate hook moves or offloads anything between the layers."""
+    window), and no hook on any module: accelerate's that move or offload weights, nor PyTorch's own (the pass
+    calls some modules' products directly, past their hooks)."""
     layer_class = MIRRORED.get(type(model).__name__)
     base = getattr(model, "model", None)
     if layer_class is None or base is None or len(base.layers) != model.config.num_hidden_layers:
         return False
-    hooked = [module for module in (model, base, *base.layers) if hasattr(module, "_hf_hook")]
+    hooked = any(hasattr(module, "_hf_hook") or module._forward_hooks or module._forward_pre_hooks
+                 for module in model.modules())
     return not hooked and all(type(layer).__name__ == layer_class
                               and getattr(layer.self_attn, "sliding_window", None) is None
                               for layer in base.layers)
