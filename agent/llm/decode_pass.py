@@ -34,9 +34,8 @@ from agent.llm.batch_kv import RoomyLayer
 # The model classes whose forward this pass mirrors: the same layer, attention and MLP code (Qwen2 adds biases
 # to query, key and value, which the linear layers carry, and per-layer sliding windows, which `fits` rules out).
 MIRRORED = {"LlamaForCausalLM": "LlamaDecoderLayer", "Qwen2ForCausalLM": "Qwen2DecoderLayer"}
-# Attributes caching, on the model, whether its modules are the mirrored ones and each layer's calls (`LayerPlan`):
-# its modules do not change once it is loaded.
-PLAIN_LAYERS = "_qwenbot_plain_layers"
+# The attribute caching, on the model, each layer's calls (`LayerPlan`), or False where its modules are not the
+# mirrored ones: they do not change once it is loaded.
 PLANS = "_qwenbot_decode_plans"
 # transformers' RMS norms that compute exactly what PyTorch's `rms_norm` does in float32.
 RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm"}
@@ -47,13 +46,7 @@ def fits(model: Any, cache: Any, width: int) -> bool:
     model's forward."""
     if width > SHORT_QUERY or getattr(model.config, "_attn_implementation", None) != NAME or model.training:
         return False
-    if not all(type(layer) is RoomyLayer for layer in cache.layers):
-        return False
-    plain = getattr(model, PLAIN_LAYERS, None)
-    if plain is None:
-        plain = _plain_layers(model)
-        setattr(model, PLAIN_LAYERS, plain)
-    return plain
+    return all(type(layer) is RoomyLayer for layer in cache.layers) and bool(_plans(model))
 
 
 def _plain_layers(model: Any) -> bool:
@@ -81,7 +74,7 @@ def decode_pass(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: to
     cos, sin = base.rotary_emb(hidden, positions)
     rotation = (cos.unsqueeze(2), _signed_halves(sin).unsqueeze(2))  # [rows, width, 1, head dim]: for every head
     visible = _visible(mask, ids.shape[1])
-    for plan, layer_cache in zip(_plans(model), cache.layers):
+    for plan, layer_cache in zip(_plans(model), cache.layers):  # type: ignore[arg-type]  (a list: `fits` held)
         hidden = hidden + _attend(plan, plan.input_norm(hidden), rotation, visible, layer_cache, attention)
         hidden = hidden + _mlp(plan, plan.post_norm(hidden))
     return model.lm_head(base.norm(hidden[:, -keep:])).float()
@@ -113,11 +106,12 @@ class LayerPlan(NamedTuple):
     dim: int
 
 
-def _plans(model: Any) -> list[LayerPlan]:
+def _plans(model: Any) -> list[LayerPlan] | bool:
+    """Each layer's calls, made at the model's first pass; False for a model whose modules are not mirrored here."""
     plans = getattr(model, PLANS, None)
     if plans is None:
         in_float32 = model.dtype == torch.float32
-        plans = [_layer_plan(layer, in_float32) for layer in model.model.layers]
+        plans = _plain_layers(model) and [_layer_plan(layer, in_float32) for layer in model.model.layers]
         setattr(model, PLANS, plans)
     return plans
 
