@@ -33,8 +33,8 @@ from agent.events import AnswerText, TurnEvent  # noqa: E402
 from agent.llm.base import LLM  # noqa: E402
 from agent.llm.text_stream import TextStream  # noqa: E402
 from agent.loop import Session  # noqa: E402
-from bot.config import Settings  # noqa: E402
-from bot.services import Services, build_llm, start_services  # noqa: E402
+from bot.program.config import Settings  # noqa: E402
+from bot.program.services import Services, build_llm, start_services  # noqa: E402
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTION = "What is the capital of France? Answer in two sentences."

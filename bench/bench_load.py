@@ -5,7 +5,7 @@
     .venv/bin/python bench/bench_load.py --users 100 --chats 20 --messages 5 --model-delay 0.03 --no-compare
     .venv/bin/python bench/bench_load.py --repeat 3  # each load three times, the median run shown
 
-Everything is the real bot (bot/app.py's application, the update journal, turn order, handlers, the agent, the
+Everything is the real bot (bot/telegram/app.py's application, the update journal, turn order, handlers, the agent, the
 SQLite file) but two things. Telegram is the fake Bot API server of tests/fakes/telegram_server.py, over real HTTP
 on 127.0.0.1, in this process (its threads share the interpreter with the bot, so the figures are a lower bound
 for the bot alone). The model is a `ScriptedLLM` that answers each question by its tag after
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 import psutil  # noqa: E402  (the test extra)
 
 from agent.llm.scripted import Request, ScriptedLLM  # noqa: E402
-from bot.config import Settings  # noqa: E402
+from bot.program.config import Settings  # noqa: E402
 from tests.fakes.telegram_bot import RunningBot, running_bot  # noqa: E402
 from tests.fakes.telegram_server import ApiCall, Chat, FakeTelegramServer, User, group_chat, private_chat  # noqa: E402
 

@@ -29,8 +29,8 @@ from agent.tokens import qwen_token_counter
 from bench.measures import GpuPeak, LagMeter, PeakMemory, percentile
 from bench.react_turns import InstantLLM, Question, ScriptedReact, first_prompt, probe_first_token, question, \
     run_chats
-from bot.config import Settings
-from bot.services import Services, start_services
+from bot.program.config import Settings
+from bot.program.services import Services, start_services
 from tools.registry import tools_for_turn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def settings_for(spec: Spec, folder: Path) -> Settings:
 
 
 def backend_for(spec: Spec, settings: Settings) -> LLM:
-    """The backend under test, built as `bot.services.build_llm` builds it, with the bench's fixed lengths."""
+    """The backend under test, built as `bot.program.services.build_llm` builds it, with the bench's fixed lengths."""
     if spec.kind == "openai":
         patient = StreamLimits(connect_seconds=60, first_token_seconds=3600, silence_seconds=3600)
         return BenchOpenAI(base_url=spec.openai_url, model=spec.openai_model, limits=patient, max_retries=0,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bot.config import Settings
+from bot.program.config import Settings
 from db.migrate import MIGRATIONS_FOLDER, discover
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +20,7 @@ SETTING_NAMES = {spec.name.upper() for spec in dataclasses.fields(Settings)}
 def qwenbot(*args: str, **env: str) -> subprocess.CompletedProcess:
     """Run `qwenbot ARGS` with only `env` as settings (none inherited from the test's own environment)."""
     clean = {k: v for k, v in os.environ.items() if k not in SETTING_NAMES}
-    return subprocess.run([sys.executable, "-m", "bot.cli", *args], cwd=ROOT, env={**clean, **env},
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", *args], cwd=ROOT, env={**clean, **env},
                           capture_output=True, text=True, timeout=60)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from bot.config import Settings
+from bot.program.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 GRACE = Settings().shutdown_grace_seconds

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Settings
-from bot.doctor import Status, diagnose, report
+from bot.program.config import Settings
+from bot.program.doctor import Status, diagnose, report
 from db import InstanceLock, open_database
 from tests.fakes.openai_server import FakeOpenAIServer, error, text
 from tests.fakes.telegram_server import FakeTelegramServer
@@ -250,7 +250,7 @@ async def test_a_local_model_without_a_chat_template_fails(good, tmp_path):
 def qwenbot_doctor(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     """`qwenbot doctor` as a process, with only `env` as settings."""
     clean = {k: v for k, v in os.environ.items() if k not in SETTING_NAMES}
-    return subprocess.run([sys.executable, "-m", "bot.cli", "doctor"], cwd=tmp_path,
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", "doctor"], cwd=tmp_path,
                           env={**clean, "PYTHONPATH": str(ROOT), "DATA_DIR": str(tmp_path), **env},
                           capture_output=True, text=True, timeout=120)
 

@@ -20,9 +20,9 @@ from collections import Counter
 from contextlib import closing
 from pathlib import Path
 
-from bot.config import Settings
-from bot.i18n import TEXTS
-from bot.intake import journal_source, turn_source_key
+from bot.program.config import Settings
+from bot.telegram.i18n import TEXTS
+from bot.telegram.intake import journal_source, turn_source_key
 from tests.fakes.telegram_bot import ALICE, final, private_chat, start_bot, telegram_server
 from tests.fakes.telegram_server import FakeTelegramServer, User
 from tests.test_database_lock import hold_lock
@@ -75,7 +75,7 @@ class BotProcess:
                "TOKENIZER_VOCAB_PATH": str(folder / "absent.tiktoken"), "PYTHONPATH": str(ROOT), **(settings or {})}
         self.log = folder / f"{answer_prefix}.log"
         with open(self.log, "w", encoding="utf-8") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=folder, env=env,
+            self.process = subprocess.Popen([sys.executable, "-m", "bot.program.cli", "run"], cwd=folder, env=env,
                                             stdout=log, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:

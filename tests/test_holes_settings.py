@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from bot.config import ConfigError, Settings
+from bot.program.config import ConfigError, Settings
 from tests.fakes.telegram_bot import ADMIN, ALICE, STRANGERS, final, private_chat, running_bot
 from tests.fakes.telegram_server import FakeTelegramServer, User
 
@@ -31,7 +31,7 @@ ANONYMOUS_ADMIN = User(1087968824, "Group", username="GroupAnonymousBot", is_bot
 def qwenbot(*args: str, **env: str) -> subprocess.CompletedProcess:
     """`qwenbot ARGS` as a process, with `env` as its only settings."""
     clean = {k: v for k, v in os.environ.items() if k not in SETTING_NAMES}
-    return subprocess.run([sys.executable, "-m", "bot.cli", *args], cwd=ROOT, env={**clean, **env},
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", *args], cwd=ROOT, env={**clean, **env},
                           capture_output=True, text=True, timeout=60)
 
 

@@ -160,7 +160,7 @@ async def test_qwenbot_run_stops_with_one_line_when_its_database_is_deleted(tmp_
            "PYTHONPATH": str(ROOT)}
     with FakeTelegramServer() as server:
         env.update(TELEGRAM_BOT_TOKEN=server.token, TELEGRAM_BASE_URL=server.base_url)
-        process = subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=tmp_path, env=env,
+        process = subprocess.Popen([sys.executable, "-m", "bot.program.cli", "run"], cwd=tmp_path, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             await server.wait_for(lambda: server.polls_started, 30, "the bot to poll")
@@ -179,7 +179,7 @@ async def test_qwenbot_run_stops_with_one_line_when_its_database_is_deleted(tmp_
 
 @pytest.mark.parametrize("every", [0.0, -1.0, float("nan")])
 def test_the_check_interval_must_be_positive(every):
-    from bot.config import ConfigError, Settings
+    from bot.program.config import ConfigError, Settings
 
     with pytest.raises(ConfigError, match="^DATABASE_CHECK_SECONDS must be greater than 0"):
         Settings.from_env({"DATABASE_CHECK_SECONDS": str(every)})

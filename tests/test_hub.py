@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.llm.hub import ALTERNATIVES
-from bot.config import Settings
+from bot.program.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 GGUF = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,7 +40,7 @@ def qwenbot_ask(tmp_path: Path, model: str, **settings: str) -> subprocess.Compl
     env = {**clean, "PYTHONPATH": str(ROOT), "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}",
            "DATA_DIR": str(tmp_path), "LLM_BACKEND": "local", "MODEL": model, "MODEL_DEVICE_MAP": "cpu",
            "MAX_STEPS": "1", "MAX_NEW_TOKENS": "4", "LOG_LEVEL": "WARNING", **settings}
-    return subprocess.run([sys.executable, "-m", "bot.cli", "ask", "hello"], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", "ask", "hello"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ConfigError, Settings
+from bot.program.config import ConfigError, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_EXAMPLE = ROOT / ".env.example"
@@ -181,7 +181,7 @@ def test_an_old_env_database_path_that_would_hide_the_database_is_refused(tmp_pa
 
 
 def test_the_dotenv_file_is_the_projects_whatever_the_current_folder(monkeypatch, tmp_path):
-    from bot.paths import dotenv_file
+    from bot.program.paths import dotenv_file
 
     monkeypatch.chdir(tmp_path)
     assert dotenv_file() == ROOT / ".env"

@@ -5,7 +5,7 @@
     answers = await bot.answers(ALICE.id, 1)
     await bot.stop()
 
-Everything is real but the model: python-telegram-bot's `Application` (built by `bot.app.build_application`,
+Everything is real but the model: python-telegram-bot's `Application` (built by `bot.telegram.app.build_application`,
 talking HTTP to the fake through TELEGRAM_BASE_URL), the SQLite file in `tmp_path`, the tools and the agent; the
 model is a `ScriptedLLM` whose requests show what the model saw.
 """
@@ -23,9 +23,9 @@ import pytest
 from telegram.ext import Application
 
 from agent.llm.scripted import Reply, ScriptedLLM
-from bot.app import build_application, serve
-from bot.config import Settings
-from bot.intake import journal_source, turn_source_key
+from bot.program.config import Settings
+from bot.telegram.app import build_application, serve
+from bot.telegram.intake import journal_source, turn_source_key
 from db import Database, open_database
 from tests.fakes.telegram_server import Chat, FakeTelegramServer, User, group_chat, private_chat
 

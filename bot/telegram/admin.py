@@ -9,11 +9,11 @@ from __future__ import annotations
 from telegram import Update
 
 from agent.options import REQUIRE_TOOL_CALL
-from bot.access import audit
-from bot.context import BotContext
-from bot.chat import reply, reply_or_refuse, session_for
-from bot.ids import IdError, parse_id, refuse_service_account
-from bot.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
+from bot.program.audit import audit
+from bot.program.ids import IdError, parse_id, refuse_service_account
+from bot.telegram.chat import reply, reply_or_refuse, session_for
+from bot.telegram.context import BotContext
+from bot.telegram.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
 from tools.courses import FIELDS, FIELD_LABELS
 from tools.errors import ConfirmationNeeded, CourseError, UnknownTool
 from tools.registry import BUILT_IN, Tool
@@ -43,7 +43,7 @@ FIELD_ALIASES = {**{label: name for name, label in FIELD_LABELS.items()}, "per_w
 
 async def admin_only(update: Update, context: BotContext) -> bool:
     """Whether the sender is an admin; refuses everyone else with a clear message (once per interval, for a
-    sender without any access: see bot/chat.py's `refuse`)."""
+    sender without any access: see bot/telegram/chat.py's `refuse`)."""
     user = update.effective_user
     if user is not None and context.access.is_admin(user.id):
         return True

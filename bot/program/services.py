@@ -17,8 +17,8 @@ from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
 from agent.options import ChatOptions
 from agent.tokens import qwen_token_counter
-from bot.config import Settings
-from bot.logs import add_secrets
+from bot.program.config import Settings
+from bot.program.logs import add_secrets
 from db import Database, DatabaseOpenError, open_database
 from tools import build_registry
 from tools.courses import CourseCatalog

@@ -18,9 +18,9 @@ from agent.llm.base import MODEL_DTYPES
 from agent.llm.drafts import DraftLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
-from bot.ids import IdError, parse_chat_id, parse_user_id
-from bot.logs import redact_token_shapes
-from bot.paths import default_data_dir, dotenv_file, moved_database, under
+from bot.program.ids import IdError, parse_chat_id, parse_user_id
+from bot.program.logs import redact_token_shapes
+from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
 from db.errors import BotError
 from tools.mcp import McpLimits
 
@@ -209,7 +209,7 @@ def _parse(name: str, type_name: str, raw: str) -> Any:
 
 
 def _id_set(name: str, raw: str, parse_one: Callable[[str], int]) -> frozenset[int]:
-    """Ids separated by commas (or semicolons), each read by the parser /allow uses (bot/ids.py)."""
+    """Ids separated by commas (or semicolons), each read by the parser /allow uses (bot/program/ids.py)."""
     try:
         return frozenset(parse_one(part.strip()) for part in raw.replace(";", ",").split(",") if part.strip())
     except IdError as error:

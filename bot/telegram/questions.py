@@ -1,7 +1,7 @@
 """The question path: whether a message is meant for the bot, its place in line, access at the start of its
 turn, running the agent with feedback, and delivering the answer.
 
-Questions go through the turn scheduler (bot/turns.py): in order per chat, one at a time per user.
+Questions go through the turn scheduler (bot/telegram/turns.py): in order per chat, one at a time per user.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from telegram.error import BadRequest, NetworkError, RetryAfter
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.events import AnswerText, EventSink, ToolStarted
 from agent.memory import Session
-from bot.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
-from bot.config import Settings
-from bot.context import BotContext
-from bot.i18n import text
-from bot.intake import journal_source, turn_source_key
-from bot.replies import TurnFeedback, quietly
-from bot.streaming import AnswerStream, StreamTarget
-from bot.turns import BY_SHUTDOWN, BY_USER, TurnSlot
+from bot.program.config import Settings
+from bot.telegram.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
+from bot.telegram.context import BotContext
+from bot.telegram.i18n import text
+from bot.telegram.replies import TurnFeedback, quietly
+from bot.telegram.streaming import AnswerStream, StreamTarget
+from bot.telegram.turns import BY_SHUTDOWN, BY_USER, TurnSlot
 from db import DatabaseBusy
 
 log = logging.getLogger(__name__)
@@ -148,8 +147,8 @@ async def deliver(context: BotContext, stream: AnswerStream, answer: str, slot: 
         raise  # refused for good (PTB's BadRequest is a NetworkError): sending it again would fail again
     except (NetworkError, RetryAfter) as error:
         # The turn is stored already: its update stays unhandled in the journal and is handled again, answered
-        # from the store, after ANSWER_RESEND_SECONDS (or after a restart): bot/intake.py. No apology: the answer
-        # itself is on its way.
+        # from the store, after ANSWER_RESEND_SECONDS (or after a restart): bot/telegram/intake.py. No apology:
+        # the answer itself is on its way.
         log.warning("the answer to update %s was not delivered (%s); it will be sent again", slot.update_id, error)
         context.turns.keep_undelivered(slot)
         return
@@ -159,18 +158,17 @@ async def deliver(context: BotContext, stream: AnswerStream, answer: str, slot: 
 async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
                        on_event: EventSink) -> str | None:
     """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
-    source = journal_source(context.bot.id, context.settings)
-    source_key = turn_source_key(source, slot.update_id) if slot.update_id is not None else None
-    if source_key and (stored := await context.services.memory.stored_answer(source_key)) is not None:
+    if slot.source_key and (stored := await context.services.memory.stored_answer(slot.source_key)) is not None:
         return stored  # a redelivered update (restart): answer it again, do not store it twice
     try:
-        result = await context.services.agent.run(session, question, user_id=slot.user_id, source_key=source_key,
+        result = await context.services.agent.run(session, question, user_id=slot.user_id,
+                                                  source_key=slot.source_key,
                                                   on_event=on_event, cancel=slot.cancel)
     except LLMTimeout:
         return text("timeout", lang)
     except LLMCancelled:
         # /cancel already said "stopped"; a turn stopped by shutdown stays unhandled in the update journal and is
-        # answered after the restart (bot/intake.py).
+        # answered after the restart (bot/telegram/intake.py).
         return None if slot.cancelled_by in (BY_USER, BY_SHUTDOWN) else text("timeout", lang)
     except LLMError as error:
         log.warning("model failed in %s: %s", session.id, error)

@@ -4,7 +4,7 @@
     await serve(app, settings, stop_event)         # until stop_event is set (SIGINT/SIGTERM in `qwenbot run`)
 
 `post_init` starts the services (database, model, agent) and registers the command menu; `post_shutdown` closes
-them. `serve` feeds updates through the journal in bot/intake.py and, on stop, lets running turns finish for
+them. `serve` feeds updates through the journal in bot/telegram/intake.py and, on stop, lets running turns finish for
 SHUTDOWN_GRACE_SECONDS before stopping the rest (their updates are handled again after the restart).
 """
 
@@ -20,14 +20,14 @@ from telegram import BotCommand, BotCommandScopeChat, Update
 from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
 
 from agent.llm.base import LLM
-from bot import admin, admin_mcp, handlers
-from bot.config import Settings
-from bot.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
-from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
-from bot.ratelimit import BotRateLimiter
-from bot.replies import quietly
-from bot.services import Services, naming_database_path, start_services
-from bot.webhook import WebhookServer
+from bot.program.config import Settings
+from bot.program.services import Services, naming_database_path, start_services
+from bot.telegram import admin, admin_mcp, handlers
+from bot.telegram.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
+from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
+from bot.telegram.ratelimit import BotRateLimiter
+from bot.telegram.replies import quietly
+from bot.telegram.webhook import WebhookServer
 from db import InstanceLock
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
         .context_types(ContextTypes(context=BotContext))
         .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram_messages_per_second,
                                      group_max_rate=settings.telegram_group_messages_per_minute, max_retries=2))
-        .updater(None)  # updates come through bot/intake.py, journaled
+        .updater(None)  # updates come through bot/telegram/intake.py, journaled
         .post_init(_post_init(settings, services_factory or start))
         .post_shutdown(_post_shutdown)
         .build()

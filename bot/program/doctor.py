@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, TextIO
 
 from agent.errors import LLMError, ModelLoadError
-from bot.config import ConfigError, Settings
-from bot.logs import configure_logging
-from bot.paths import dotenv_file
+from bot.program.config import ConfigError, Settings
+from bot.program.logs import configure_logging
+from bot.program.paths import dotenv_file
 from db.files import make_private_folders
 from db.instance_lock import lock_path, serving_pid
 from db.migrate import MIGRATIONS_FOLDER, discover
@@ -274,7 +274,7 @@ def check_native_template(tokenizer: Any) -> Check:
 
 async def check_model_server(settings: Settings) -> list[Check]:
     """The server answers, serves the model, completes one token, and takes tools in native mode."""
-    from bot.services import build_llm
+    from bot.program.services import build_llm
 
     llm = build_llm(settings)
     try:

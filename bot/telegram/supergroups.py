@@ -14,8 +14,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from bot.access import AccessControl, insert_audit
-from bot.chat import chat_key
+from bot.program.audit import insert_audit
+from bot.telegram.access import AccessControl
+from bot.telegram.chat import chat_key
 from db import Database
 
 log = logging.getLogger(__name__)

@@ -19,12 +19,13 @@ from typing import Awaitable, Callable, Sequence
 
 from agent.memory import Session
 from agent.traces import render_trace
-from bot.config import ConfigError, Settings
-from bot.evaluation import copy_database, evaluate, load_cases, summary
-from bot.logs import add_secrets, configure_logging, redact_token_shapes
-from bot.mcp_reports import added_text, servers_text
-from bot.services import mcp_hub, open_settings_database, start_services
-from bot.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
+from bot.program.audit import audit
+from bot.program.config import ConfigError, Settings
+from bot.program.evaluation import copy_database, evaluate, load_cases, summary
+from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
+from bot.program.mcp_reports import added_text, servers_text
+from bot.program.services import mcp_hub, open_settings_database, start_services
+from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from db import BotError, Database
 from tools import build_registry
 from tools.errors import McpConfigError
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `qwenbot` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "doctor":  # reports a bad setting as one of its checks, with the others
-        from bot.doctor import doctor_main
+        from bot.program.doctor import doctor_main
 
         return doctor_main()
     try:
@@ -129,7 +130,6 @@ def tools_command(settings: Settings, args: argparse.Namespace) -> int:
 
 def mcp_command(settings: Settings, args: argparse.Namespace) -> int:
     """List, add or delete MCP servers; a running bot sees an added server at /mcp_refresh NAME or its restart."""
-    from bot.access import audit  # here: the other terminal commands do not need python-telegram-bot
 
     async def job(db: Database, hub: McpHub) -> int:
         if args.action == "list":
@@ -236,7 +236,7 @@ def run_command(settings: Settings, args: argparse.Namespace) -> int:
     # Imported here: the terminal commands do not need python-telegram-bot.
     from telegram.error import InvalidToken, TelegramError
 
-    from bot.app import run
+    from bot.telegram.app import run
 
     settings.require_telegram_token()
     try:
