@@ -107,10 +107,10 @@ async def measure(name: str, settings: Settings, llm: LLM, repeat: int) -> list[
 
 def settings_for(args: argparse.Namespace, folder: str, backend: str) -> Settings:
     """The bench's settings: a temporary database, the chosen backend, short answers."""
-    return Settings(llm_backend=backend, model=str(args.model), model_device_map="cpu",
-                    database_path=Path(folder) / f"{backend}.sqlite3", max_new_tokens=args.max_new_tokens,
-                    openai_base_url=args.server or "http://127.0.0.1:8000/v1", openai_model=args.server_model,
-                    turn_timeout_seconds=3600)
+    return Settings.of(llm_backend=backend, model=str(args.model), model_device_map="cpu",
+                       database_path=Path(folder) / f"{backend}.sqlite3", max_new_tokens=args.max_new_tokens,
+                       openai_base_url=args.server or "http://127.0.0.1:8000/v1", openai_model=args.server_model,
+                       turn_timeout_seconds=3600)
 
 
 async def bench(args: argparse.Namespace) -> list[str]:

@@ -366,9 +366,9 @@ async def measure(scenario: Scenario, warmup_messages: int) -> Figures:
     with tempfile.TemporaryDirectory() as folder, FakeTelegramServer() as server:
         # Each user queues all their questions at once: the pending cap (MAX_PENDING_QUESTIONS) must let them.
         bot = await start_load_bot(server, Path(folder), crowd, scenario.model_delay,
-                                   progress_after_seconds=production.progress_after_seconds,
-                                   typing_interval_seconds=production.typing_interval_seconds,
-                                   max_pending_questions=max(production.max_pending_questions, scenario.messages))
+                                   progress_after_seconds=production.streaming.progress_after_seconds,
+                                   typing_interval_seconds=production.streaming.typing_interval_seconds,
+                                   max_pending_questions=max(production.turns.max_pending_questions, scenario.messages))
         try:
             if warmup_messages:
                 await run_round(bot, crowd, 0, warmup_messages)

@@ -12,7 +12,7 @@ import yaml
 from bot.program.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-GRACE = Settings().shutdown_grace_seconds
+GRACE = Settings().turns.shutdown_grace_seconds
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:

@@ -123,14 +123,14 @@ async def test_a_deny_after_the_database_was_deleted_is_not_confirmed_and_the_bo
     try:
         assert (await bot.ask(private_chat(ADMIN), ADMIN, f"/allow {BOB.id}")).startswith("✅")
         await bot.all_handled()
-        delete_database(bot.settings.database_path)
+        delete_database(bot.settings.storage.database_path)
         deny = telegram_server.push_message(private_chat(ADMIN), ADMIN, text=f"/deny {BOB.id}")
         error = await stopped_with(bot)
     finally:
         if not bot.task.done():
             await bot.stop()
     assert isinstance(error, DatabaseGone)
-    assert str(error).startswith(f"the database file {bot.settings.database_path} was deleted while the bot")
+    assert str(error).startswith(f"the database file {bot.settings.storage.database_path} was deleted while the bot")
     assert telegram_server.sent_texts(ADMIN.id) == [f"✅ user {BOB.id} is allowed."]
     # Not journaled, so never confirmed to Telegram: after a restart on the restored file it is handled.
     assert deny in telegram_server.pending_updates
@@ -139,7 +139,7 @@ async def test_a_deny_after_the_database_was_deleted_is_not_confirmed_and_the_bo
 async def test_a_database_file_replaced_while_the_bot_is_idle_stops_it(telegram_server, tmp_path):
     bot = await running_bot(telegram_server, tmp_path, database_check_seconds=0.2)
     try:
-        path = bot.settings.database_path
+        path = bot.settings.storage.database_path
         copy = tmp_path / "restored.sqlite3"
         shutil.copy(path, copy)
         os.replace(copy, path)  # e.g. a backup restored over the live file

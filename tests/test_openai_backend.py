@@ -368,8 +368,8 @@ async def test_credentials_in_the_server_address_are_never_shown():
 
 
 async def test_build_llm_makes_the_openai_backend_from_settings(server, tmp_path):
-    settings = Settings(llm_backend="openai", openai_base_url=server.base_url, model="Qwen/Qwen2.5-7B-Instruct",
-                        tokenizer_vocab_path=tmp_path / "absent.tiktoken")
+    settings = Settings.of(llm_backend="openai", openai_base_url=server.base_url, model="Qwen/Qwen2.5-7B-Instruct",
+                           tokenizer_vocab_path=tmp_path / "absent.tiktoken")
     llm = build_llm(settings)
     server.add("hello")
 

@@ -150,7 +150,7 @@ async def test_a_webhook_without_a_configured_secret_gets_a_random_one_and_refus
 # --- the bot token -------------------------------------------------------------------------------------------
 
 async def test_no_message_the_bot_sent_in_this_module_holds_a_secret(shared):
-    token = shared.bot.settings.telegram_bot_token
+    token = shared.bot.settings.telegram.telegram_bot_token
     texts = [str(c.params.get("text", "")) for c in shared.server.calls if "text" in c.params]
     assert texts and not [t for t in texts if token in t or token.split(":")[1] in t]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import logging
 import sys
@@ -88,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return doctor_main()
     try:
         settings = Settings.from_env()
-        configure_logging(settings.log_level, secrets=[settings.telegram_bot_token, settings.openai_api_key])
+        configure_logging(settings.logging.log_level,
+                          secrets=[settings.telegram.telegram_bot_token, settings.openai.openai_api_key])
         return COMMANDS[args.command](settings, args)
     except USER_ERRORS as error:
         # A token pasted into the wrong variable may be part of the message (a path, say): never show it.
@@ -112,7 +112,7 @@ def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
         for name in db.applied:
             print(f"applied {name}")
         if not db.applied:
-            print(f"{settings.database_path} is up to date")
+            print(f"{settings.storage.database_path} is up to date")
         return 0
     return run_async(job)
 
@@ -152,9 +152,9 @@ def with_mcp(settings: Settings, job: Callable[[Database, McpHub], Awaitable[int
     """Run `job` on the database and an MCP hub holding every tool (MCP ones as last listed; nothing connects
     unless the job asks to)."""
     async def run() -> int:
-        config = read_config(settings.mcp_config_path)  # a broken file stops here, before the database opens
+        config = read_config(settings.mcp.mcp_config_path)  # a broken file stops here, before the database opens
         db = await open_settings_database(settings)
-        hub = mcp_hub(settings, db, build_registry(db, settings.tool_timeout_seconds), config)
+        hub = mcp_hub(settings, db, build_registry(db, settings.tools.tool_timeout_seconds), config)
         try:
             await hub.start(connect=False)
             return await job(db, hub)
@@ -184,13 +184,13 @@ def ask_command(settings: Settings, args: argparse.Namespace) -> int:
 def eval_command(settings: Settings, args: argparse.Namespace) -> int:
     """Run a question set through the real agent, on a copy of the database; print the score and the failures."""
     cases = load_cases(args.file)
-    timeout = args.turn_timeout or settings.turn_timeout_seconds
+    timeout = args.turn_timeout or settings.agent.turn_timeout_seconds
 
     async def job() -> int:
         with tempfile.TemporaryDirectory() as folder:
             copy = Path(folder) / "eval.sqlite3"
-            await asyncio.to_thread(copy_database, settings.database_path, copy)
-            run = dataclasses.replace(settings, database_path=copy, turn_timeout_seconds=timeout)
+            await asyncio.to_thread(copy_database, settings.storage.database_path, copy)
+            run = settings.replaced(database_path=copy, turn_timeout_seconds=timeout)
             services = await start_services(run)
             try:
                 report = await evaluate(services.agent, cases)
@@ -206,9 +206,10 @@ def eval_command(settings: Settings, args: argparse.Namespace) -> int:
 
 def evaluated(settings: Settings) -> dict[str, object]:
     """What a run evaluated, for its report: the model and how it was driven."""
-    model = settings.openai_model or settings.model if settings.llm_backend == "openai" else settings.model
-    return {"model": model, "backend": settings.llm_backend, "mode": settings.agent_mode,
-            "constrained": settings.constrained_decoding, "require_tool_call": settings.require_tool_call}
+    backend, agent = settings.model.llm_backend, settings.agent
+    model = settings.openai.openai_model or settings.model.model if backend == "openai" else settings.model.model
+    return {"model": model, "backend": backend, "mode": agent.agent_mode,
+            "constrained": agent.constrained_decoding, "require_tool_call": agent.require_tool_call}
 
 
 def chat_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -244,7 +245,7 @@ def run_command(settings: Settings, args: argparse.Namespace) -> int:
     except InvalidToken:
         raise ConfigError("Telegram refused TELEGRAM_BOT_TOKEN: check it with @BotFather") from None
     except TelegramError as error:
-        raise ConnectionError(f"cannot talk to Telegram at {settings.telegram_base_url}: {error}") from None
+        raise ConnectionError(f"cannot talk to Telegram at {settings.telegram.telegram_base_url}: {error}") from None
     return 0
 
 

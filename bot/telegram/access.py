@@ -44,7 +44,7 @@ class AccessControl:
 
     def is_admin(self, user_id: int | None) -> bool:
         """Whether `user_id` is listed in ADMIN_USER_IDS."""
-        return user_id is not None and user_id in self.settings.admin_user_ids
+        return user_id is not None and user_id in self.settings.access.admin_user_ids
 
     async def may_talk(self, user_id: int | None, chat_id: int, chat_type: str) -> bool:
         """Whether a message from `user_id` in chat `chat_id` may reach the model."""
@@ -58,11 +58,11 @@ class AccessControl:
             user_choice = await self._choice("user", user_id)
             if user_choice is not None:
                 return user_choice
-            if user_id in self.settings.allowed_user_ids:
+            if user_id in self.settings.access.allowed_user_ids:
                 return True
         if chat_type in GROUP_TYPES:
             chat_choice = await self._choice("chat", chat_id)
-            return chat_choice if chat_choice is not None else chat_id in self.settings.allowed_chat_ids
+            return chat_choice if chat_choice is not None else chat_id in self.settings.access.allowed_chat_ids
         return False
 
     async def _choice(self, kind: str, subject_id: int) -> bool | None:

@@ -71,5 +71,5 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
 def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
     """The `bot_data` entries `post_init` installs."""
     return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
-            TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.refusal_interval_seconds),
+            TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.access.refusal_interval_seconds),
             DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db)}

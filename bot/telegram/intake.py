@@ -27,7 +27,7 @@ from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.ext import Application
 
 from agent.unicode import clean_text, has_surrogates
-from bot.program.config import Settings
+from bot.program.config import Settings, TurnsSettings
 from bot.telegram.replies import quietly, retry_after_seconds
 from bot.telegram.turns import UNDELIVERED, TurnScheduler
 from db import Database, DatabaseError
@@ -40,12 +40,12 @@ KEEP_HANDLED_DAYS = 3  # Telegram redelivers unconfirmed updates for 24 hours: k
 PRUNE_EVERY = 1000  # handled updates between two prunings of the journal
 BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
 FINISH_BOUND_SECONDS = 10  # after cancelling, how long cancelled turns get to wind down
-RESEND_AFTER_SECONDS = 60.0  # default of ANSWER_RESEND_SECONDS
+RESEND_AFTER_SECONDS = TurnsSettings.answer_resend_seconds
 
 
 def journal_source(bot_id: int, settings: Settings) -> str:
     """Where update ids come from, and are unique: '<bot id>@<Bot API base URL>' (a token in the URL masked)."""
-    url, token = settings.telegram_base_url, settings.telegram_bot_token
+    url, token = settings.telegram.telegram_base_url, settings.telegram.telegram_bot_token
     return f"{bot_id}@{url.replace(token, '{token}') if token else url}"
 
 

@@ -37,7 +37,7 @@ async def answer_question(update: Update, context: BotContext, question: str) ->
     if user is None:
         return
     turns = context.turns
-    if turns.pending(user.id) >= context.settings.max_pending_questions:
+    if turns.pending(user.id) >= context.settings.turns.max_pending_questions:
         await turn_away(update, context)  # over the cap: dropped before it takes a place in line
         return
     # The place in line is taken before the first await, so turns keep the order the updates came in.
@@ -81,7 +81,7 @@ async def turn_away(update: Update, context: BotContext) -> None:
              context.turns.pending(user.id))
     if context.turns.pending(user.id) and context.turns.tell_once(user.id, "too_many"):
         await quietly(reply(update.effective_message, text("too_many_pending", user_language(update),
-                                                           limit=context.settings.max_pending_questions)),
+                                                           limit=context.settings.turns.max_pending_questions)),
                       "the too-many-questions notice")
 
 
@@ -89,8 +89,8 @@ def question_problem(question: str, settings: Settings, lang: str) -> str | None
     """What is wrong with a question the bot will not ask the model (blank, too long); None when it is fine."""
     if is_blank(question):
         return text("ask_usage", lang)
-    if len(question) > settings.max_question_chars:
-        return text("too_long", lang, length=len(question), limit=settings.max_question_chars)
+    if len(question) > settings.turns.max_question_chars:
+        return text("too_long", lang, length=len(question), limit=settings.turns.max_question_chars)
     return None
 
 
@@ -100,8 +100,8 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
     short apology) over the stream; a stopped turn leaves what was streamed, marked as stopped."""
     feedback = TurnFeedback(context.bot, message.chat_id, placeholder=text("thinking", lang),
                             reply_to=message.message_id, thread_id=topic_of(message),
-                            typing_every=context.settings.typing_interval_seconds,
-                            progress_after=context.settings.progress_after_seconds, ledger=context.progress)
+                            typing_every=context.settings.streaming.typing_interval_seconds,
+                            progress_after=context.settings.streaming.progress_after_seconds, ledger=context.progress)
     stream = answer_stream(context, message)
     try:
         try:
@@ -123,9 +123,10 @@ def answer_stream(context: BotContext, message: Message) -> AnswerStream:
     group = is_group(message)
     target = StreamTarget(message.chat_id, reply_to=message.message_id, thread_id=topic_of(message),
                           draft_id=None if group else message.message_id)
-    interval = context.settings.group_stream_interval_seconds if group else context.settings.stream_interval_seconds
+    streaming = context.settings.streaming
+    interval = streaming.group_stream_interval_seconds if group else streaming.stream_interval_seconds
     return AnswerStream(context.bot, target, interval=interval, drafts=context.drafts,
-                        patience=context.settings.send_patience_seconds)
+                        patience=context.settings.turns.send_patience_seconds)
 
 
 def turn_events(feedback: TurnFeedback, stream: AnswerStream) -> EventSink:
