@@ -7,7 +7,6 @@ the Hugging Face cache layout, as a download would have left it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import sqlite3
@@ -22,7 +21,7 @@ from bot.program.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 GGUF = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-SETTING_NAMES = {spec.name.upper() for spec in dataclasses.fields(Settings)}
+SETTING_NAMES = set(Settings.variables())
 REPO_ID = "tiny-org/tiny-chat"
 SNAPSHOT = "0123456789abcdef0123456789abcdef01234567"
 

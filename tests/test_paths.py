@@ -6,7 +6,6 @@ Each test copies the code into a temporary "clone" (or a plain install, without 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import sqlite3
@@ -17,7 +16,7 @@ from pathlib import Path
 from bot.program.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTING_NAMES = {spec.name.upper() for spec in dataclasses.fields(Settings)}
+SETTING_NAMES = set(Settings.variables())
 
 
 def copy_code(destination: Path, *, checkout: bool) -> Path:
