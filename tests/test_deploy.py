@@ -1,5 +1,5 @@
 """The container and service files agree with the bot: the same install script, the data directory, the stop grace,
-and model servers reached by the names compose gives them. (No image is built here: see README, Containers.)"""
+and model servers reached by the names compose gives them. (No image is built here: see docs/deploy.md.)"""
 
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ def check_disk(settings: Settings) -> Check:
     found = f"{free_mb / 1024:.1f} GB free in {where}"
     if free_mb < settings.doctor.doctor_min_free_disk_mb:
         return fail("disk", f"{found}, less than DOCTOR_MIN_FREE_DISK_MB={settings.doctor.doctor_min_free_disk_mb}",
-                    "free some space or point DATA_DIR at a bigger disk (a hub model needs its size: README)")
+                    "free some space or point DATA_DIR at a bigger disk (a hub model needs its size: docs/models.md)")
     return ok("disk", found)
 
 
@@ -185,7 +185,7 @@ async def check_telegram(settings: Settings) -> list[Check]:
     if not settings.telegram.telegram_bot_token:
         return [Check("bot api", Status.SKIP, f"{url}: not tried without a token"),
                 fail("token", "TELEGRAM_BOT_TOKEN is not set",
-                     "create a bot with @BotFather and put its token in .env (README: Create the bot)")]
+                     "create a bot with @BotFather and put its token in .env (docs/telegram.md: Create the bot)")]
     timeout = settings.doctor.doctor_timeout_seconds
     request = HTTPXRequest(connect_timeout=timeout, read_timeout=timeout, write_timeout=timeout)
     bot = Bot(settings.telegram.telegram_bot_token, base_url=url, request=request)
@@ -237,7 +237,7 @@ def check_local_model(settings: Settings) -> list[Check]:
     return checks
 
 
-MODEL_FIX = "check MODEL (README: Choosing a model and hardware)"
+MODEL_FIX = "check MODEL (docs/models.md: Choosing a model and hardware)"
 
 
 def load_config_and_tokenizer(location: str, options: dict[str, Any]) -> Any:
@@ -289,7 +289,7 @@ async def check_model_server(settings: Settings) -> list[Check]:
         return checks
     except LLMError as error:
         return [fail("model", str(error), "start the model server, or fix OPENAI_BASE_URL / OPENAI_API_KEY "
-                                          "(README: Model servers)")]
+                                          "(docs/models.md: Model servers)")]
     finally:
         await llm.close()
 
