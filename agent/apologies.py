@@ -1,6 +1,6 @@
 """The honest short answers for turns that could not finish: one home for every apology a user may read.
 
-The agent uses them in the question's language; the Telegram bot (bot/i18n.py) in the sender's.
+The agent uses them in the question's language; the Telegram bot (bot/telegram/i18n.py) in the sender's.
 """
 
 from __future__ import annotations

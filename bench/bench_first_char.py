@@ -33,8 +33,8 @@ from agent.events import AnswerText, TurnEvent  # noqa: E402
 from agent.llm.base import LLM  # noqa: E402
 from agent.llm.text_stream import TextStream  # noqa: E402
 from agent.loop import Session  # noqa: E402
-from bot.config import Settings  # noqa: E402
-from bot.services import Services, build_llm, start_services  # noqa: E402
+from bot.program.config import Settings  # noqa: E402
+from bot.program.services import Services, build_llm, start_services  # noqa: E402
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTION = "What is the capital of France? Answer in two sentences."
@@ -107,10 +107,10 @@ async def measure(name: str, settings: Settings, llm: LLM, repeat: int) -> list[
 
 def settings_for(args: argparse.Namespace, folder: str, backend: str) -> Settings:
     """The bench's settings: a temporary database, the chosen backend, short answers."""
-    return Settings(llm_backend=backend, model=str(args.model), model_device_map="cpu",
-                    database_path=Path(folder) / f"{backend}.sqlite3", max_new_tokens=args.max_new_tokens,
-                    openai_base_url=args.server or "http://127.0.0.1:8000/v1", openai_model=args.server_model,
-                    turn_timeout_seconds=3600)
+    return Settings.of(llm_backend=backend, model=str(args.model), model_device_map="cpu",
+                       database_path=Path(folder) / f"{backend}.sqlite3", max_new_tokens=args.max_new_tokens,
+                       openai_base_url=args.server or "http://127.0.0.1:8000/v1", openai_model=args.server_model,
+                       turn_timeout_seconds=3600)
 
 
 async def bench(args: argparse.Namespace) -> list[str]:

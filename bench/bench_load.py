@@ -5,7 +5,7 @@
     .venv/bin/python bench/bench_load.py --users 100 --chats 20 --messages 5 --model-delay 0.03 --no-compare
     .venv/bin/python bench/bench_load.py --repeat 3  # each load three times, the median run shown
 
-Everything is the real bot (bot/app.py's application, the update journal, turn order, handlers, the agent, the
+Everything is the real bot (bot/telegram/app.py's application, the update journal, turn order, handlers, the agent, the
 SQLite file) but two things. Telegram is the fake Bot API server of tests/fakes/telegram_server.py, over real HTTP
 on 127.0.0.1, in this process (its threads share the interpreter with the bot, so the figures are a lower bound
 for the bot alone). The model is a `ScriptedLLM` that answers each question by its tag after
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 import psutil  # noqa: E402  (the test extra)
 
 from agent.llm.scripted import Request, ScriptedLLM  # noqa: E402
-from bot.config import Settings  # noqa: E402
+from bot.program.config import Settings  # noqa: E402
 from tests.fakes.telegram_bot import RunningBot, running_bot  # noqa: E402
 from tests.fakes.telegram_server import ApiCall, Chat, FakeTelegramServer, User, group_chat, private_chat  # noqa: E402
 
@@ -366,9 +366,9 @@ async def measure(scenario: Scenario, warmup_messages: int) -> Figures:
     with tempfile.TemporaryDirectory() as folder, FakeTelegramServer() as server:
         # Each user queues all their questions at once: the pending cap (MAX_PENDING_QUESTIONS) must let them.
         bot = await start_load_bot(server, Path(folder), crowd, scenario.model_delay,
-                                   progress_after_seconds=production.progress_after_seconds,
-                                   typing_interval_seconds=production.typing_interval_seconds,
-                                   max_pending_questions=max(production.max_pending_questions, scenario.messages))
+                                   progress_after_seconds=production.streaming.progress_after_seconds,
+                                   typing_interval_seconds=production.streaming.typing_interval_seconds,
+                                   max_pending_questions=max(production.turns.max_pending_questions, scenario.messages))
         try:
             if warmup_messages:
                 await run_round(bot, crowd, 0, warmup_messages)

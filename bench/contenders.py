@@ -29,8 +29,8 @@ from agent.tokens import qwen_token_counter
 from bench.measures import GpuPeak, LagMeter, PeakMemory, percentile
 from bench.react_turns import InstantLLM, Question, ScriptedReact, first_prompt, probe_first_token, question, \
     run_chats
-from bot.config import Settings
-from bot.services import Services, start_services
+from bot.program.config import Settings
+from bot.program.services import Services, start_services
 from tools.registry import tools_for_turn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,22 +116,22 @@ def ban_body(token_ids: tuple[int, ...]) -> dict[str, Any]:
 
 def settings_for(spec: Spec, folder: Path) -> Settings:
     """The bot's settings for a bench run: a fresh database, no time-out that a slow engine could hit."""
-    return Settings(llm_backend="openai" if spec.kind == "openai" else "local", model=spec.model,
-                    model_device_map=spec.device_map, model_dtype=spec.dtype,
-                    database_path=folder / "bench.sqlite3", batch_size=spec.batch_size,
-                    batch_wait_ms=spec.batch_wait_ms, max_new_tokens=spec.new_tokens, turn_timeout_seconds=3600,
-                    prefix_cache_mb=spec.prefix_cache_mb, tokenizer_vocab_path=ROOT / "data" / "qwen.tiktoken",
-                    openai_base_url=spec.openai_url, openai_model=spec.openai_model,
-                    constrained_decoding=spec.grammar, speculative_tokens=spec.speculative_tokens,
-                    speculative_step_tokens=spec.speculative_step_tokens)
+    return Settings.of(llm_backend="openai" if spec.kind == "openai" else "local", model=spec.model,
+                       model_device_map=spec.device_map, model_dtype=spec.dtype,
+                       database_path=folder / "bench.sqlite3", batch_size=spec.batch_size,
+                       batch_wait_ms=spec.batch_wait_ms, max_new_tokens=spec.new_tokens, turn_timeout_seconds=3600,
+                       prefix_cache_mb=spec.prefix_cache_mb, tokenizer_vocab_path=ROOT / "data" / "qwen.tiktoken",
+                       openai_base_url=spec.openai_url, openai_model=spec.openai_model,
+                       constrained_decoding=spec.grammar, speculative_tokens=spec.speculative_tokens,
+                       speculative_step_tokens=spec.speculative_step_tokens)
 
 
 def backend_for(spec: Spec, settings: Settings) -> LLM:
-    """The backend under test, built as `bot.services.build_llm` builds it, with the bench's fixed lengths."""
+    """The backend under test, built as `bot.program.services.build_llm` builds it, with the bench's fixed lengths."""
     if spec.kind == "openai":
         patient = StreamLimits(connect_seconds=60, first_token_seconds=3600, silence_seconds=3600)
         return BenchOpenAI(base_url=spec.openai_url, model=spec.openai_model, limits=patient, max_retries=0,
-                           count_tokens=qwen_token_counter(settings.tokenizer_vocab_path),
+                           count_tokens=qwen_token_counter(settings.model.tokenizer_vocab_path),
                            extra_body=ban_body(spec.ban_token_ids))
     from agent.llm.drafts import DraftLimits
     from agent.llm.local import LocalLLM
@@ -140,7 +140,7 @@ def backend_for(spec: Spec, settings: Settings) -> LLM:
                     batch_wait_ms=spec.batch_wait_ms, min_new_tokens=max(spec.new_tokens, spec.probe_tokens),
                     converted_dir=Path(spec.converted_dir) if spec.converted_dir else None,
                     prefix_cache_mb=spec.prefix_cache_mb,
-                    drafts=DraftLimits(settings.speculative_tokens, settings.speculative_step_tokens))
+                    drafts=DraftLimits(settings.engine.speculative_tokens, settings.engine.speculative_step_tokens))
 
 
 class AgentContender:

@@ -24,7 +24,7 @@ from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink
 from agent.loop import Agent, Session
 from tools.registry import Tool
 
-# The four courses the database is seeded with (db/migrations/0003_courses.sql): lessons, updates/week, hours.
+# The four courses the database is seeded with (migrations/0003_courses.sql): lessons, updates/week, hours.
 COURSES = {"大模型技术实战": (200, 3, 2), "机器学习实战": (230, 2, 1.5), "深度学习实战": (150, 1, 3),
            "AI数据分析": (10, 1, 1)}
 PHRASINGS = (

@@ -23,6 +23,10 @@ from db.files import create_private
 from db.migrate import MIGRATIONS_FOLDER, apply_migrations
 from db.write_lock import WriteLock
 
+# How long a write waits for another process's lock before DatabaseBusy (the default of
+# DATABASE_BUSY_TIMEOUT_SECONDS).
+BUSY_TIMEOUT_SECONDS = 10.0
+
 
 class Database:
     """A migrated SQLite database: reads at any time, writes inside `transaction()`."""
@@ -87,7 +91,7 @@ class Database:
         await self.conn.close()
 
 
-async def open_database(path: str | Path, *, busy_timeout_seconds: float = 10.0,
+async def open_database(path: str | Path, *, busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS,
                         migrations_folder: Path = MIGRATIONS_FOLDER) -> Database:
     """Open (creating folders as needed) and migrate the database at `path`."""
     path = Path(path)

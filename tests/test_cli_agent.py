@@ -21,7 +21,7 @@ def qwenbot(tmp_path: Path, *args: str, replies=REPLIES, stdin: str = "") -> sub
     script.write_text(json.dumps(replies, ensure_ascii=False), encoding="utf-8")
     env = {**os.environ, "LLM_BACKEND": "scripted", "SCRIPTED_REPLIES_PATH": str(script),
            "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "LOG_LEVEL": "WARNING"}
-    return subprocess.run([sys.executable, "-m", "bot.cli", *args], input=stdin, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", *args], input=stdin, capture_output=True, text=True,
                           env=env, cwd=Path(__file__).parent.parent, timeout=120)
 
 

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
-from bot.config import Settings
+from bot.program.config import Settings
+from db import open_database
 from db.migrate import MIGRATIONS_FOLDER, discover
+from tests.test_migrations import write
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = [m.name for m in discover(MIGRATIONS_FOLDER)]
-SETTING_NAMES = {spec.name.upper() for spec in dataclasses.fields(Settings)}
+SETTING_NAMES = set(Settings.variables())
 
 
 def qwenbot(*args: str, **env: str) -> subprocess.CompletedProcess:
     """Run `qwenbot ARGS` with only `env` as settings (none inherited from the test's own environment)."""
     clean = {k: v for k, v in os.environ.items() if k not in SETTING_NAMES}
-    return subprocess.run([sys.executable, "-m", "bot.cli", *args], cwd=ROOT, env={**clean, **env},
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", *args], cwd=ROOT, env={**clean, **env},
                           capture_output=True, text=True, timeout=60)
 
 
@@ -48,6 +51,41 @@ def test_migrate_creates_the_database_then_applies_nothing(tmp_path):
     assert len(courses(path)) == 4
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (len(SHIPPED),)
+
+
+def test_migrate_in_a_fresh_clone_creates_its_database_in_the_clones_empty_data_dir(tmp_path):
+    # The tree as a clone has it (no data/, no .venv): migrate finds the .sql files in its top-level migrations/.
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "data", "__pycache__",
+                                                               ".pytest_cache", "*.egg-info", ".env"))
+    clean = {k: v for k, v in os.environ.items() if k not in SETTING_NAMES}
+    result = subprocess.run([sys.executable, "-m", "bot.program.cli", "migrate"], cwd=clone,
+                            env={**clean, "PYTHONPATH": str(clone)}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    shipped = sorted(path.stem for path in (clone / "migrations").glob("*.sql"))
+    assert result.stdout.splitlines() == [f"applied {name}" for name in shipped] and shipped == SHIPPED
+    assert len(courses(clone / "data" / "bot.sqlite3")) == 4
+
+
+def test_migrate_brings_a_database_of_the_previous_schema_up_to_date_and_keeps_its_data(tmp_path):
+    path = tmp_path / "bot.sqlite3"
+    previous = write(tmp_path / "previous", {f"{name}.sql": (MIGRATIONS_FOLDER / f"{name}.sql").read_text("utf-8")
+                                              for name in SHIPPED[:-1]})
+
+    async def build_previous() -> None:
+        db = await open_database(path, migrations_folder=previous)
+        async with db.transaction() as conn:
+            await conn.execute("INSERT INTO courses (name, lessons, updates_per_week, hours_per_update) "
+                               "VALUES ('强化学习实战', 120, 2, 1.5)")
+        await db.close()
+
+    asyncio.run(build_previous())
+    result = qwenbot("migrate", DATABASE_PATH=str(path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"applied {SHIPPED[-1]}"]
+    assert courses(path)[-1] == ("强化学习实战", 120, 2, 1.5) and len(courses(path)) == 5
+    with sqlite3.connect(path) as conn:
+        assert [name for name, in conn.execute("SELECT name FROM schema_migrations ORDER BY rowid")] == SHIPPED
 
 
 def test_a_bad_setting_is_one_line_and_exit_status_2(tmp_path):

@@ -1,5 +1,5 @@
 """The container and service files agree with the bot: the same install script, the data directory, the stop grace,
-and model servers reached by the names compose gives them. (No image is built here: see README, Containers.)"""
+and model servers reached by the names compose gives them. (No image is built here: see docs/deploy.md.)"""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from bot.config import Settings
+from bot.program.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-GRACE = Settings().shutdown_grace_seconds
+GRACE = Settings().turns.shutdown_grace_seconds
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:

@@ -6,7 +6,6 @@ The Bot API is the fake Telegram server and the model server the fake OpenAI ser
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import socket
@@ -17,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Settings
-from bot.doctor import Status, diagnose, report
+from bot.program.config import Settings
+from bot.program.doctor import Status, diagnose, report
 from db import InstanceLock, open_database
 from tests.fakes.openai_server import FakeOpenAIServer, error, text
 from tests.fakes.telegram_server import FakeTelegramServer
@@ -26,7 +25,7 @@ from tests.fakes.telegram_server import FakeTelegramServer
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = ROOT / "data" / "qwen.tiktoken"
 GGUF = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-SETTING_NAMES = {spec.name.upper() for spec in dataclasses.fields(Settings)}
+SETTING_NAMES = set(Settings.variables())
 
 
 def closed_port() -> int:
@@ -56,12 +55,12 @@ async def good(tmp_path, telegram, model_server) -> Settings:
     """A setup where everything is right: migrated database, token, served model with tools, vocabulary."""
     if not VOCAB.is_file():
         pytest.fail(f"{VOCAB} is missing: run scripts/fetch_assets.sh (scripts/test.sh does)")
-    settings = Settings(data_dir=tmp_path, telegram_bot_token=telegram.token, telegram_base_url=telegram.base_url,
-                        llm_backend="openai", openai_base_url=model_server.base_url, openai_model="fake-qwen",
-                        agent_mode="native", tokenizer_vocab_path=VOCAB, doctor_min_free_disk_mb=1,
-                        doctor_timeout_seconds=5.0, openai_first_token_seconds=5.0, openai_startup_seconds=5.0,
-                        openai_max_retries=0)
-    await (await open_database(settings.database_path)).close()
+    settings = Settings.of(data_dir=tmp_path, telegram_bot_token=telegram.token, telegram_base_url=telegram.base_url,
+                           llm_backend="openai", openai_base_url=model_server.base_url, openai_model="fake-qwen",
+                           agent_mode="native", tokenizer_vocab_path=VOCAB, doctor_min_free_disk_mb=1,
+                           doctor_timeout_seconds=5.0, openai_first_token_seconds=5.0, openai_startup_seconds=5.0,
+                           openai_max_retries=0)
+    await (await open_database(settings.storage.database_path)).close()
     return settings
 
 
@@ -100,26 +99,26 @@ async def test_all_good_prints_a_line_per_check_and_exits_0(good, telegram, mode
 
 async def test_a_data_dir_that_cannot_be_created_fails(good, tmp_path):
     (tmp_path / "a-file").write_text("x")
-    settings = dataclasses.replace(good, data_dir=tmp_path / "a-file" / "data")
+    settings = good.replaced(data_dir=tmp_path / "a-file" / "data")
     checks = await diagnose(settings)
     assert outcome(checks)["data dir"] is Status.FAIL
     assert "set DATA_DIR to a folder this user can write" in line_of(checks, "data dir")
 
 
 async def test_too_little_disk_fails(good):
-    line = only_failure(await diagnose(dataclasses.replace(good, doctor_min_free_disk_mb=10**12)), "disk")
+    line = only_failure(await diagnose(good.replaced(doctor_min_free_disk_mb=10**12)), "disk")
     assert "less than DOCTOR_MIN_FREE_DISK_MB=1000000000000" in line
 
 
 async def test_no_database_yet_fails_with_migrate_as_the_fix(good):
-    good.database_path.unlink()
+    good.storage.database_path.unlink()
     line = only_failure(await diagnose(good), "database")
     assert "no database at" in line and "run `qwenbot migrate`" in line
-    assert not good.database_path.exists()  # the doctor changes nothing
+    assert not good.storage.database_path.exists()  # the doctor changes nothing
 
 
 async def test_a_database_missing_a_migration_fails(good):
-    with sqlite3.connect(good.database_path) as conn:
+    with sqlite3.connect(good.storage.database_path) as conn:
         (last,) = conn.execute("SELECT name FROM schema_migrations ORDER BY name DESC LIMIT 1").fetchone()
         conn.execute("DELETE FROM schema_migrations WHERE name = ?", (last,))
     line = only_failure(await diagnose(good), "database")
@@ -127,7 +126,7 @@ async def test_a_database_missing_a_migration_fails(good):
 
 
 async def test_a_database_locked_by_another_process_fails(good):
-    holder = sqlite3.connect(good.database_path, isolation_level=None)
+    holder = sqlite3.connect(good.storage.database_path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process writing, and not letting go
     try:
         line = only_failure(await diagnose(good), "database")
@@ -138,66 +137,66 @@ async def test_a_database_locked_by_another_process_fails(good):
 
 
 async def test_a_database_another_qwenbot_serves_fails_with_its_pid(good):
-    serving = InstanceLock(good.database_path)
+    serving = InstanceLock(good.storage.database_path)
     assert serving.try_acquire()  # what `qwenbot run` holds while it serves
     try:
         line = only_failure(await diagnose(good), "instance")
     finally:
         serving.release()
-    assert f"another qwenbot (pid {os.getpid()}) serves {good.database_path}" in line
+    assert f"another qwenbot (pid {os.getpid()}) serves {good.storage.database_path}" in line
     assert "INSTANCE_LOCK_WAIT_SECONDS" in line
     assert outcome(await diagnose(good))["instance"] is Status.OK  # let go: free again
 
 
 async def test_a_file_that_is_not_a_database_fails(good):
-    good.database_path.unlink()
-    good.database_path.write_text("not a database " * 100)
+    good.storage.database_path.unlink()
+    good.storage.database_path.write_text("not a database " * 100)
     line = only_failure(await diagnose(good), "database")
     assert "file is not a database" in line and "DATABASE_PATH must name the bot's SQLite file" in line
 
 
 async def test_a_missing_vocabulary_fails_for_a_server_model(good, tmp_path):
-    line = only_failure(await diagnose(dataclasses.replace(good, tokenizer_vocab_path=tmp_path / "no.tiktoken")),
+    line = only_failure(await diagnose(good.replaced(tokenizer_vocab_path=tmp_path / "no.tiktoken")),
                         "vocab")
     assert "scripts/fetch_assets.sh" in line
 
 
 async def test_no_token_fails_and_the_bot_api_is_skipped(good):
-    line = only_failure(await diagnose(dataclasses.replace(good, telegram_bot_token="")), "token",
+    line = only_failure(await diagnose(good.replaced(telegram_bot_token="")), "token",
                         skipped=("bot api",))
     assert "TELEGRAM_BOT_TOKEN is not set" in line and "@BotFather" in line
 
 
 async def test_a_refused_token_fails(good):
-    line = only_failure(await diagnose(dataclasses.replace(good, telegram_bot_token="123456:wrong-token")), "token")
+    line = only_failure(await diagnose(good.replaced(telegram_bot_token="123456:wrong-token")), "token")
     assert "the Bot API refused TELEGRAM_BOT_TOKEN" in line
     assert "wrong-token" not in line
 
 
 async def test_an_unreachable_bot_api_fails(good):
     url = f"http://127.0.0.1:{closed_port()}/bot"
-    line = only_failure(await diagnose(dataclasses.replace(good, telegram_base_url=url)), "bot api",
+    line = only_failure(await diagnose(good.replaced(telegram_base_url=url)), "bot api",
                         skipped=("token",))
     assert f"cannot reach {url}" in line and "TELEGRAM_BASE_URL" in line
 
 
 async def test_an_unreachable_model_server_fails(good):
     url = f"http://127.0.0.1:{closed_port()}/v1"
-    checks = await diagnose(dataclasses.replace(good, openai_base_url=url))
+    checks = await diagnose(good.replaced(openai_base_url=url))
     line = only_failure(checks, "model")
     assert f"cannot reach the model server at {url}" in line and "start the model server" in line
     assert "chat" not in outcome(checks)
 
 
 async def test_a_model_the_server_does_not_serve_fails(good):
-    line = only_failure(await diagnose(dataclasses.replace(good, openai_model="qwen-72b")), "model")
+    line = only_failure(await diagnose(good.replaced(openai_model="qwen-72b")), "model")
     assert "serves fake-qwen, not qwen-72b" in line and "OPENAI_MODEL=fake-qwen" in line
 
 
 async def test_a_server_that_cannot_chat_fails(good):
     with FakeOpenAIServer() as broken:
         broken.add(error(500, "no chat template"))
-        checks = await diagnose(dataclasses.replace(good, openai_base_url=broken.base_url))
+        checks = await diagnose(good.replaced(openai_base_url=broken.base_url))
     line = only_failure(checks, "chat")
     assert "answered 500: no chat template" in line
     assert "tools" not in outcome(checks)
@@ -206,28 +205,28 @@ async def test_a_server_that_cannot_chat_fails(good):
 async def test_a_server_without_tool_calling_fails_native_mode(good):
     with FakeOpenAIServer() as server:
         server.add(text("OK"), error(400, "tools are not supported"))
-        line = only_failure(await diagnose(dataclasses.replace(good, openai_base_url=server.base_url)), "tools")
+        line = only_failure(await diagnose(good.replaced(openai_base_url=server.base_url)), "tools")
     assert "tools are not supported" in line and "--tool-call-parser hermes" in line and "--jinja" in line
 
 
 async def test_react_mode_does_not_ask_the_server_for_tools(good, model_server):
-    checks = await diagnose(dataclasses.replace(good, agent_mode="react"))
+    checks = await diagnose(good.replaced(agent_mode="react"))
     assert "tools" not in outcome(checks) and all(c.status is Status.OK for c in checks)
     assert all("tools" not in request.body for request in model_server.chat_requests)
 
 
 async def test_a_missing_local_model_file_fails(good, tmp_path):
-    settings = dataclasses.replace(good, llm_backend="local", model="models/nope.gguf")
+    settings = good.replaced(llm_backend="local", model="models/nope.gguf")
     line = only_failure(await diagnose(settings), "model")
     assert f"MODEL models/nope.gguf: no such file ({tmp_path / 'models' / 'nope.gguf'})" in line
 
 
 @pytest.mark.real_model
 async def test_the_local_test_model_loads_renders_and_is_refused_for_native_mode(good):
-    react = await diagnose(dataclasses.replace(good, llm_backend="local", model=str(GGUF), agent_mode="react"))
+    react = await diagnose(good.replaced(llm_backend="local", model=str(GGUF), agent_mode="react"))
     assert all(c.status is Status.OK for c in react)
     assert line_of(react, "model").endswith(f"loads (GGUF file in {GGUF.parent})")
-    native = await diagnose(dataclasses.replace(good, llm_backend="local", model=str(GGUF)))
+    native = await diagnose(good.replaced(llm_backend="local", model=str(GGUF)))
     line = only_failure(native, "tools")  # SmolLM2's ChatML template has no tools section
     assert "use AGENT_MODE=react" in line
 
@@ -242,7 +241,7 @@ async def test_a_local_model_without_a_chat_template_fails(good, tmp_path):
     tokenizer.save_pretrained(folder)
     LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                 num_attention_heads=2).save_pretrained(folder)
-    line = only_failure(await diagnose(dataclasses.replace(good, llm_backend="local", model=str(folder))),
+    line = only_failure(await diagnose(good.replaced(llm_backend="local", model=str(folder))),
                         "template")
     assert "no chat template" in line and "instruct" in line
 
@@ -250,7 +249,7 @@ async def test_a_local_model_without_a_chat_template_fails(good, tmp_path):
 def qwenbot_doctor(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     """`qwenbot doctor` as a process, with only `env` as settings."""
     clean = {k: v for k, v in os.environ.items() if k not in SETTING_NAMES}
-    return subprocess.run([sys.executable, "-m", "bot.cli", "doctor"], cwd=tmp_path,
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", "doctor"], cwd=tmp_path,
                           env={**clean, "PYTHONPATH": str(ROOT), "DATA_DIR": str(tmp_path), **env},
                           capture_output=True, text=True, timeout=120)
 

@@ -16,7 +16,7 @@ from agent.errors import LLMError, LLMTimeout
 from agent.llm.scripted import Request, ScriptedLLM
 from agent.loop import Agent
 from agent.memory import Memory
-from bot.evaluation import EvalCase, EvalFileError, evaluate, load_cases, summary
+from bot.program.evaluation import EvalCase, EvalFileError, evaluate, load_cases, summary
 from tools.settings import ToolSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,14 +115,14 @@ def qwenbot_eval(tmp_path: Path, questions: Path, *args: str, replies=()) -> sub
     script.write_text(json.dumps(list(replies), ensure_ascii=False), encoding="utf-8")
     env = {**os.environ, "LLM_BACKEND": "scripted", "SCRIPTED_REPLIES_PATH": str(script),
            "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "bot.cli", "eval", str(questions), *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", "eval", str(questions), *args], capture_output=True,
                           text=True, env=env, cwd=tmp_path, timeout=120)
 
 
 def test_qwenbot_eval_prints_the_score_writes_the_report_and_leaves_the_bots_database_alone(tmp_path):
     questions = write(tmp_path, '{"q": "大模型技术实战多少节？", "expect": ["200"]}')
     replies = [LOOKUP.format("大模型技术实战"), " 我知道了\nFinal Answer: 一共200节。"]
-    subprocess.run([sys.executable, "-m", "bot.cli", "migrate"], env={**os.environ, "PYTHONPATH": str(REPO),
+    subprocess.run([sys.executable, "-m", "bot.program.cli", "migrate"], env={**os.environ, "PYTHONPATH": str(REPO),
                    "DATABASE_PATH": str(tmp_path / "bot.sqlite3")}, cwd=tmp_path, check=True, capture_output=True)
 
     done = qwenbot_eval(tmp_path, questions, "--report", str(tmp_path / "report.json"), replies=replies)

@@ -17,7 +17,7 @@ import pytest
 
 from agent.errors import LLMError, LLMOutOfMemory
 from agent.llm.scripted import Request
-from bot.i18n import TEXTS
+from bot.telegram.i18n import TEXTS
 from tests.fakes.telegram_bot import ALICE, RunningBot, final, private_chat, start_bot, telegram_server
 from tools.registry import Tool
 

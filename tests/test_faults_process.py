@@ -20,9 +20,9 @@ from collections import Counter
 from contextlib import closing
 from pathlib import Path
 
-from bot.config import Settings
-from bot.i18n import TEXTS
-from bot.intake import journal_source, turn_source_key
+from bot.program.config import Settings
+from bot.telegram.i18n import TEXTS
+from bot.telegram.intake import journal_source, turn_source_key
 from tests.fakes.telegram_bot import ALICE, final, private_chat, start_bot, telegram_server
 from tests.fakes.telegram_server import FakeTelegramServer, User
 from tests.test_database_lock import hold_lock
@@ -75,7 +75,7 @@ class BotProcess:
                "TOKENIZER_VOCAB_PATH": str(folder / "absent.tiktoken"), "PYTHONPATH": str(ROOT), **(settings or {})}
         self.log = folder / f"{answer_prefix}.log"
         with open(self.log, "w", encoding="utf-8") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=folder, env=env,
+            self.process = subprocess.Popen([sys.executable, "-m", "bot.program.cli", "run"], cwd=folder, env=env,
                                             stdout=log, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:
@@ -95,7 +95,7 @@ class BotProcess:
 
 def turn_key(server: FakeTelegramServer, update_id: int) -> str:
     """The `source_key` a `qwenbot run` against `server` stores the turn of update `update_id` under."""
-    settings = Settings(telegram_bot_token=server.token, telegram_base_url=server.base_url)
+    settings = Settings.of(telegram_bot_token=server.token, telegram_base_url=server.base_url)
     return turn_source_key(journal_source(server.bot.id, settings), update_id)
 
 
@@ -184,7 +184,7 @@ async def test_a_turn_whose_save_meets_a_lock_of_a_few_seconds_waits_for_it_and_
     bot = await start_bot([final("答案")], delay=0.5)  # DATABASE_BUSY_TIMEOUT_SECONDS: the default 10
     telegram_server.send_text(CHAT, ALICE, "问题")
     await telegram_server.wait_for(lambda: bot.llm.requests, message="the model to start")
-    holder = hold_lock(bot.settings.database_path, 2.0)  # taken while the model works: the save meets it
+    holder = hold_lock(bot.settings.storage.database_path, 2.0)  # taken while the model works: the save meets it
     locked_at = time.monotonic()
 
     assert await bot.answers(ALICE.id, 1, timeout=10) == ["答案"]
@@ -194,13 +194,13 @@ async def test_a_turn_whose_save_meets_a_lock_of_a_few_seconds_waits_for_it_and_
     assert telegram_server.sent_texts(ALICE.id) == ["答案"]
     assert await bot.query("SELECT role, content FROM messages ORDER BY id") == [("user", "问题"), ("assistant", "答案")]
     await bot.all_handled()
-    assert lock_rows(bot.settings.database_path) == [("lock",)]
+    assert lock_rows(bot.settings.storage.database_path) == [("lock",)]
 
 
 async def test_updates_that_arrive_while_the_database_is_locked_wait_at_telegram_and_are_answered_once(
         start_bot, telegram_server):
     bot = await start_bot([final("答案")], database_busy_timeout_seconds=0.2)
-    holder = hold_lock(bot.settings.database_path, 2.0)
+    holder = hold_lock(bot.settings.storage.database_path, 2.0)
     telegram_server.send_text(CHAT, ALICE, "问题")  # fetched, but the journal cannot take it yet
 
     assert await bot.answers(ALICE.id, 1, timeout=10) == ["答案"]
@@ -212,18 +212,18 @@ async def test_updates_that_arrive_while_the_database_is_locked_wait_at_telegram
     fetched = [c for c in telegram_server.calls_to("getUpdates", ok=True) if c.result]
     assert len(fetched) >= 2 and {c.params.get("offset") for c in fetched} == {fetched[0].params.get("offset")}
     assert await bot.query("SELECT count(*) FROM turns") == [(1,)]
-    assert lock_rows(bot.settings.database_path) == [("lock",)]
+    assert lock_rows(bot.settings.storage.database_path) == [("lock",)]
 
 
 async def test_a_lock_that_outlasts_the_busy_timeout_fails_the_turn_with_a_clear_message(start_bot, telegram_server):
     bot = await start_bot([final("存不下的答案"), final("又好了")], delay=0.5, database_busy_timeout_seconds=0.3)
     telegram_server.send_text(CHAT, ALICE, "问题")
     await telegram_server.wait_for(lambda: bot.llm.requests, message="the model to start")
-    holder = hold_lock(bot.settings.database_path, 3.0)
+    holder = hold_lock(bot.settings.storage.database_path, 3.0)
 
     assert await bot.answers(ALICE.id, 1, timeout=10) == [TEXTS["busy"]["zh"]]
     holder.wait(10)
     assert await bot.ask(CHAT, ALICE, "再试") == "又好了"
     assert await bot.query("SELECT question, status FROM turns") == [("再试", "answered")]  # nothing half-saved
     assert await bot.query("SELECT content FROM messages ORDER BY id") == [("再试",), ("又好了",)]
-    assert lock_rows(bot.settings.database_path) == [("lock",)]
+    assert lock_rows(bot.settings.storage.database_path) == [("lock",)]

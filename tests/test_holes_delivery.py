@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bot.i18n import text
+from bot.telegram.i18n import text
 from tests.fakes.telegram_bot import ALICE, final, private_chat, start_bot, telegram_server
 from tests.fakes.telegram_server import FakeTelegramServer
 
@@ -69,7 +69,7 @@ def start_process(server: FakeTelegramServer, folder: Path) -> subprocess.Popen:
            "PROGRESS_AFTER_SECONDS": "0.1", "DATABASE_PATH": str(folder / "bot.sqlite3"),
            "ALLOWED_USER_IDS": str(ALICE.id), "TOKENIZER_VOCAB_PATH": str(folder / "absent.tiktoken"),
            "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=folder, env=env,
+    return subprocess.Popen([sys.executable, "-m", "bot.program.cli", "run"], cwd=folder, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -6,7 +6,6 @@ service accounts, whose id stands for every anonymous admin or channel.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from bot.config import ConfigError, Settings
+from bot.program.config import ConfigError, Settings
 from tests.fakes.telegram_bot import ADMIN, ALICE, STRANGERS, final, private_chat, running_bot
 from tests.fakes.telegram_server import FakeTelegramServer, User
 
@@ -24,14 +23,14 @@ module_loop = pytest.mark.asyncio(loop_scope="module")  # the async tests share 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "7212345678:AAHq3xZk9V_secret-part-of-the-token-x"  # a real token's shape: digits, colon, 35 characters
 SECRET = TOKEN.split(":")[1]
-SETTING_NAMES = [spec.name.upper() for spec in dataclasses.fields(Settings)]
+SETTING_NAMES = Settings.variables()
 ANONYMOUS_ADMIN = User(1087968824, "Group", username="GroupAnonymousBot", is_bot=True)
 
 
 def qwenbot(*args: str, **env: str) -> subprocess.CompletedProcess:
     """`qwenbot ARGS` as a process, with `env` as its only settings."""
     clean = {k: v for k, v in os.environ.items() if k not in SETTING_NAMES}
-    return subprocess.run([sys.executable, "-m", "bot.cli", *args], cwd=ROOT, env={**clean, **env},
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", *args], cwd=ROOT, env={**clean, **env},
                           capture_output=True, text=True, timeout=60)
 
 
@@ -122,8 +121,8 @@ def test_id_settings_refuse_the_wrong_kind_of_id_and_service_accounts(variable, 
 def test_good_id_lists_are_read():
     settings = Settings.from_env({"ADMIN_USER_IDS": "1, 2;3,", "ALLOWED_USER_IDS": "007",
                                   "ALLOWED_CHAT_IDS": "-1001234567890; -5"})
-    assert settings.admin_user_ids == {1, 2, 3} and settings.allowed_user_ids == {7}
-    assert settings.allowed_chat_ids == {-1001234567890, -5}
+    assert settings.access.admin_user_ids == {1, 2, 3} and settings.access.allowed_user_ids == {7}
+    assert settings.access.allowed_chat_ids == {-1001234567890, -5}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -123,14 +123,14 @@ async def test_a_deny_after_the_database_was_deleted_is_not_confirmed_and_the_bo
     try:
         assert (await bot.ask(private_chat(ADMIN), ADMIN, f"/allow {BOB.id}")).startswith("✅")
         await bot.all_handled()
-        delete_database(bot.settings.database_path)
+        delete_database(bot.settings.storage.database_path)
         deny = telegram_server.push_message(private_chat(ADMIN), ADMIN, text=f"/deny {BOB.id}")
         error = await stopped_with(bot)
     finally:
         if not bot.task.done():
             await bot.stop()
     assert isinstance(error, DatabaseGone)
-    assert str(error).startswith(f"the database file {bot.settings.database_path} was deleted while the bot")
+    assert str(error).startswith(f"the database file {bot.settings.storage.database_path} was deleted while the bot")
     assert telegram_server.sent_texts(ADMIN.id) == [f"✅ user {BOB.id} is allowed."]
     # Not journaled, so never confirmed to Telegram: after a restart on the restored file it is handled.
     assert deny in telegram_server.pending_updates
@@ -139,7 +139,7 @@ async def test_a_deny_after_the_database_was_deleted_is_not_confirmed_and_the_bo
 async def test_a_database_file_replaced_while_the_bot_is_idle_stops_it(telegram_server, tmp_path):
     bot = await running_bot(telegram_server, tmp_path, database_check_seconds=0.2)
     try:
-        path = bot.settings.database_path
+        path = bot.settings.storage.database_path
         copy = tmp_path / "restored.sqlite3"
         shutil.copy(path, copy)
         os.replace(copy, path)  # e.g. a backup restored over the live file
@@ -160,7 +160,7 @@ async def test_qwenbot_run_stops_with_one_line_when_its_database_is_deleted(tmp_
            "PYTHONPATH": str(ROOT)}
     with FakeTelegramServer() as server:
         env.update(TELEGRAM_BOT_TOKEN=server.token, TELEGRAM_BASE_URL=server.base_url)
-        process = subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=tmp_path, env=env,
+        process = subprocess.Popen([sys.executable, "-m", "bot.program.cli", "run"], cwd=tmp_path, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             await server.wait_for(lambda: server.polls_started, 30, "the bot to poll")
@@ -179,7 +179,7 @@ async def test_qwenbot_run_stops_with_one_line_when_its_database_is_deleted(tmp_
 
 @pytest.mark.parametrize("every", [0.0, -1.0, float("nan")])
 def test_the_check_interval_must_be_positive(every):
-    from bot.config import ConfigError, Settings
+    from bot.program.config import ConfigError, Settings
 
     with pytest.raises(ConfigError, match="^DATABASE_CHECK_SECONDS must be greater than 0"):
         Settings.from_env({"DATABASE_CHECK_SECONDS": str(every)})

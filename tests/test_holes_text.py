@@ -19,7 +19,7 @@ from pathlib import Path
 from telegram import Bot
 
 from agent.llm.openai import OpenAILLM
-from bot.replies import send_text
+from bot.telegram.replies import send_text
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, text
 from tests.fakes.telegram_bot import ALICE, final, private_chat, running_bot, start_bot, telegram_server
 
@@ -120,7 +120,7 @@ def test_qwenbot_ask_with_undecodable_bytes_in_its_argument_stores_the_turn(tmp_
     env = {**os.environ, "LLM_BACKEND": "scripted", "SCRIPTED_REPLIES_PATH": str(replies), "LOG_LEVEL": "WARNING",
            "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "PYTHONPATH": str(ROOT),
            "TOKENIZER_VOCAB_PATH": str(tmp_path / "absent.tiktoken")}
-    done = subprocess.run([sys.executable, "-m", "bot.cli", "ask", "caf\xe9 ".encode("latin-1") + b"\xff"],
+    done = subprocess.run([sys.executable, "-m", "bot.program.cli", "ask", "caf\xe9 ".encode("latin-1") + b"\xff"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "好的" and "Traceback" not in done.stderr

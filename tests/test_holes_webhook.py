@@ -143,7 +143,7 @@ async def test_a_body_of_exactly_the_cap_is_accepted(hooked):
 
 
 def test_the_body_cap_must_be_positive():
-    from bot.config import ConfigError, Settings
+    from bot.program.config import ConfigError, Settings
 
     with pytest.raises(ConfigError, match="^WEBHOOK_MAX_BODY_BYTES must be greater than 0"):
         Settings.from_env({"WEBHOOK_MAX_BODY_BYTES": "0"})

@@ -7,7 +7,6 @@ the Hugging Face cache layout, as a download would have left it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import sqlite3
@@ -18,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from agent.llm.hub import ALTERNATIVES
-from bot.config import Settings
+from bot.program.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 GGUF = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-SETTING_NAMES = {spec.name.upper() for spec in dataclasses.fields(Settings)}
+SETTING_NAMES = set(Settings.variables())
 REPO_ID = "tiny-org/tiny-chat"
 SNAPSHOT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -40,7 +39,7 @@ def qwenbot_ask(tmp_path: Path, model: str, **settings: str) -> subprocess.Compl
     env = {**clean, "PYTHONPATH": str(ROOT), "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}",
            "DATA_DIR": str(tmp_path), "LLM_BACKEND": "local", "MODEL": model, "MODEL_DEVICE_MAP": "cpu",
            "MAX_STEPS": "1", "MAX_NEW_TOKENS": "4", "LOG_LEVEL": "WARNING", **settings}
-    return subprocess.run([sys.executable, "-m", "bot.cli", "ask", "hello"], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", "ask", "hello"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 
 from bench.bench_load import (ANSWER_PREFIX, QUESTION_TAG, Population, RoundResult, Sent, population,
                               round_messages, rss_bytes, run_round, start_load_bot)
-from bot.i18n import text
+from bot.telegram.i18n import text
 from db.write_lock import WriteLock
 from tests.fakes.telegram_bot import RunningBot, telegram_server
 

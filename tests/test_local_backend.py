@@ -359,7 +359,7 @@ def qwenbot_ask(tmp_path: Path, model: str, question: str, mode: str = "react") 
                 "MAX_STEPS": "2",
                 "LOG_LEVEL": "WARNING"}
     environ = {**os.environ, **settings, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "bot.cli", "ask", question], cwd=tmp_path, env=environ,
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", "ask", question], cwd=tmp_path, env=environ,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
-from bot.services import build_llm
+from bot.program.services import build_llm
 from agent.llm.base import CancelToken, ToolCall
 from agent.grammar import Grammar
 from agent.llm.openai import OpenAILLM
 from agent.llm.openai_stream import StreamLimits
-from bot.config import Settings
+from bot.program.config import Settings
 from tests.fakes.openai_server import DROP, HANG, FakeOpenAIServer, error, text, tool_call
 
 REPO = Path(__file__).resolve().parents[1]
@@ -368,8 +368,8 @@ async def test_credentials_in_the_server_address_are_never_shown():
 
 
 async def test_build_llm_makes_the_openai_backend_from_settings(server, tmp_path):
-    settings = Settings(llm_backend="openai", openai_base_url=server.base_url, model="Qwen/Qwen2.5-7B-Instruct",
-                        tokenizer_vocab_path=tmp_path / "absent.tiktoken")
+    settings = Settings.of(llm_backend="openai", openai_base_url=server.base_url, model="Qwen/Qwen2.5-7B-Instruct",
+                           tokenizer_vocab_path=tmp_path / "absent.tiktoken")
     llm = build_llm(settings)
     server.add("hello")
 
@@ -444,7 +444,7 @@ def qwenbot_ask(server_url: str, tmp_path: Path, question: str, **env: str) -> s
                 "TOKENIZER_VOCAB_PATH": str(REPO / "data" / "qwen.tiktoken"), "OPENAI_FIRST_TOKEN_SECONDS": "10",
                 **env}
     environ = {**os.environ, **settings, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "bot.cli", "ask", question], cwd=tmp_path, env=environ,
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", "ask", question], cwd=tmp_path, env=environ,
                           capture_output=True, text=True, timeout=60)
 
 

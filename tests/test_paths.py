@@ -1,12 +1,11 @@
 """Paths that do not depend on the folder: `qwenbot` started from anywhere uses the same data directory.
 
 Each test copies the code into a temporary "clone" (or a plain install, without pyproject.toml) and runs
-`python -m bot.cli` there as a user would, from two different folders, with no path setting at all.
+`python -m bot.program.cli` there as a user would, from two different folders, with no path setting at all.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import sqlite3
@@ -14,10 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bot.config import Settings
+from bot.program.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTING_NAMES = {spec.name.upper() for spec in dataclasses.fields(Settings)}
+SETTING_NAMES = set(Settings.variables())
 
 
 def copy_code(destination: Path, *, checkout: bool) -> Path:
@@ -36,7 +35,7 @@ def qwenbot_from(code: Path, folder: Path, *args: str, home: Path) -> subprocess
     folder.mkdir(parents=True, exist_ok=True)
     clean = {k: v for k, v in os.environ.items() if k not in SETTING_NAMES and not k.startswith("XDG_")}
     env = {**clean, "PYTHONPATH": str(code), "HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "bot.cli", *args], cwd=folder, env=env,
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", *args], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=60)
 
 

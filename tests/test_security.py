@@ -31,9 +31,9 @@ from telegram.ext import CommandHandler
 from agent.memory import Memory, Session, TurnRecord
 from agent.prompts import react_prompt
 from agent.steps import TurnResult
-from bot.access import audit
-from bot.i18n import text
-from bot.logs import REDACTED, configure_logging
+from bot.program.audit import audit
+from bot.program.logs import REDACTED, configure_logging
+from bot.telegram.i18n import text
 from db import Database
 from tests.fakes.telegram_bot import ADMIN, ALICE, BOB, CAROL, TEAM, final, private_chat, running_bot
 from tests.fakes.telegram_server import FakeTelegramServer, User
@@ -73,11 +73,11 @@ async def shared(tmp_path_factory: pytest.TempPathFactory):
 # --- admin commands ------------------------------------------------------------------------------------------
 
 def admin_commands(application: Any) -> set[str]:
-    """Every command whose handler lives in bot/admin.py or bot/admin_*.py, as registered (`tools all` for the
+    """Every command whose handler lives in bot/telegram/admin.py or bot/admin_*.py, as registered (`tools all` for the
     /tools variant)."""
     found = set()
     for handler in application.handlers[0]:
-        if isinstance(handler, CommandHandler) and handler.callback.__module__.startswith("bot.admin"):
+        if isinstance(handler, CommandHandler) and handler.callback.__module__.startswith("bot.telegram.admin"):
             suffix = " all" if "all" in str(handler.filters) else ""
             found |= {command + suffix for command in handler.commands}
     return found
@@ -150,7 +150,7 @@ async def test_a_webhook_without_a_configured_secret_gets_a_random_one_and_refus
 # --- the bot token -------------------------------------------------------------------------------------------
 
 async def test_no_message_the_bot_sent_in_this_module_holds_a_secret(shared):
-    token = shared.bot.settings.telegram_bot_token
+    token = shared.bot.settings.telegram.telegram_bot_token
     texts = [str(c.params.get("text", "")) for c in shared.server.calls if "text" in c.params]
     assert texts and not [t for t in texts if token in t or token.split(":")[1] in t]
 
@@ -173,7 +173,7 @@ def run_qwenbot(server: FakeTelegramServer, tmp_path: Path) -> subprocess.Popen:
            "DATABASE_PATH": str(tmp_path / "run.sqlite3"), "ALLOWED_USER_IDS": str(ALICE.id),
            "TOKENIZER_VOCAB_PATH": str(tmp_path / "absent.tiktoken"), "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
-        return subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=tmp_path, env=env,
+        return subprocess.Popen([sys.executable, "-m", "bot.program.cli", "run"], cwd=tmp_path, env=env,
                                 stdout=stdout, stderr=stderr)
 
 

@@ -6,9 +6,9 @@ Each test here was written against a break found by an outside probe (issue 13) 
 
 from __future__ import annotations
 
-from bot.i18n import text
-from bot.refusals import RefusalLog
-from bot.turns import TurnScheduler
+from bot.telegram.i18n import text
+from bot.telegram.refusals import RefusalLog
+from bot.telegram.turns import TurnScheduler
 from tests.fakes.telegram_bot import (ADMIN, ALICE, STRANGERS, final, private_chat, start_bot,
                                       telegram_server)
 from tests.fakes.telegram_server import User

@@ -108,7 +108,7 @@ def run_cli(server: FakeTelegramServer, tmp_path: Path, token: str) -> subproces
            "LLM_BACKEND": "scripted", "SCRIPTED_REPLIES_PATH": str(replies),
            "DATABASE_PATH": str(tmp_path / "cli.sqlite3"), "ALLOWED_USER_IDS": str(ALICE.id),
            "TOKENIZER_VOCAB_PATH": str(tmp_path / "absent.tiktoken"), "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], cwd=tmp_path, env=env,
+    return subprocess.Popen([sys.executable, "-m", "bot.program.cli", "run"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

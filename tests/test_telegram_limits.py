@@ -8,7 +8,7 @@ import logging
 
 from agent.errors import LLMError
 from agent.llm.scripted import ScriptedLLM
-from bot.replies import split_message, to_html, utf16_len
+from bot.telegram.replies import split_message, to_html, utf16_len
 from tests.fakes.telegram_bot import (ADMIN, ALICE, ARTICLE_QUESTION, CAROL, QWEN_FINAL, QWEN_LOOKUP, TEAM, final,
                                       private_chat, start_bot, telegram_server)
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from bot.logs import redact_handlers
+from bot.program.logs import redact_handlers
 from tests.fakes.mcp_process import HangingServer, McpServerProcess, free_port, stdio_entry
 from tests.fakes.telegram_bot import ADMIN, RunningBot, final, private_chat, start_bot, telegram_server
 

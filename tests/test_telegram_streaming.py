@@ -7,7 +7,7 @@ from tests.fakes.telegram_bot import (ADMIN, ALICE, CAROL, QWEN_FINAL, QWEN_LOOK
                                       running_bot, start_bot, telegram_server)
 from tests.fakes.telegram_server import FakeTelegramServer
 from tests.test_telegram_limits import LONG_ANSWER
-from bot.replies import utf16_len
+from bot.telegram.replies import utf16_len
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
 

@@ -1,4 +1,5 @@
-"""The pieces under the handlers, as plain functions: turn order (bot/turns.py) and group addressing (bot/access.py)."""
+"""The pieces under the handlers, as plain functions: turn order (bot/telegram/turns.py) and group addressing
+(bot/telegram/access.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import datetime as dt
 
 from telegram import Chat, Message, MessageEntity, User
 
-from bot.questions import addressed_question
-from bot.turns import BY_SHUTDOWN, TurnScheduler
+from bot.telegram.questions import addressed_question
+from bot.telegram.turns import BY_SHUTDOWN, TurnScheduler
 
 BOT_ID, BOT_NAME = 777000, "qwen_test_bot"
 

@@ -30,8 +30,8 @@ def spawn_chat(tmp_path: Path, replies: list[str]) -> pexpect.spawn:
            "SCRIPTED_TOKEN_SECONDS": "0.05", "DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "LOG_LEVEL": "WARNING",
            "TERM": "xterm-256color", "PYTHONPATH": str(REPO),
            "PROMPT_TOOLKIT_NO_CPR": "1"}  # pexpect does not answer cursor position requests as terminals do
-    child = pexpect.spawn(sys.executable, ["-m", "bot.cli", "chat"], cwd=str(tmp_path), env=env, encoding="utf-8",
-                          timeout=60, dimensions=(40, 160))
+    child = pexpect.spawn(sys.executable, ["-m", "bot.program.cli", "chat"], cwd=str(tmp_path), env=env,
+                          encoding="utf-8", timeout=60, dimensions=(40, 160))
     child.expect_exact("Ctrl-C stops an answer.")
     child.expect(PROMPT)
     return child

@@ -43,7 +43,7 @@ async def test_a_new_bot_api_server_whose_update_ids_start_again_is_answered(tel
 async def test_what_the_journal_skips_is_logged(start_bot, telegram_server, caplog):
     bot = await start_bot([final("the answer")])
     assert await bot.ask(CHAT, ALICE, "question") == "the answer"
-    with caplog.at_level(logging.INFO, logger="bot.intake"):
+    with caplog.at_level(logging.INFO, logger="bot.telegram.intake"):
         telegram_server.redeliver(1)  # Telegram never saw the confirmation
         await telegram_server.wait_for(lambda: "update 1 is already in the journal" in caplog.text, 5,
                                        "the skipped update to be logged")
@@ -57,7 +57,7 @@ async def test_updates_another_server_left_unhandled_are_logged_and_left_alone(t
     await telegram_server.wait_for(lambda: first.llm.requests, message="the model to start")
     await first.stop()  # the turn is stopped: its update stays unhandled, to be answered by that server's bot
 
-    with FakeTelegramServer() as other, caplog.at_level(logging.WARNING, logger="bot.intake"):
+    with FakeTelegramServer() as other, caplog.at_level(logging.WARNING, logger="bot.telegram.intake"):
         second = await running_bot(other, tmp_path, [final("second server")])
         try:
             assert await second.ask(CHAT, ALICE, "asked at the second server") == "second server"

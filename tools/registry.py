@@ -114,15 +114,18 @@ class ToolResult:
         return self.error is None
 
 
+TOOL_TIMEOUT_SECONDS = 10.0  # how long one tool call may take (the default of TOOL_TIMEOUT_SECONDS)
+
+
 @dataclass
 class ToolRegistry:
     """The tools the bot knows, by name."""
 
     tools: dict[str, Tool] = field(default_factory=dict)
-    timeout_seconds: float = 10.0
+    timeout_seconds: float = TOOL_TIMEOUT_SECONDS
 
     @classmethod
-    def of(cls, tools: Iterable[Tool], timeout_seconds: float = 10.0) -> "ToolRegistry":
+    def of(cls, tools: Iterable[Tool], timeout_seconds: float = TOOL_TIMEOUT_SECONDS) -> "ToolRegistry":
         """A registry holding `tools`."""
         registry = cls(timeout_seconds=timeout_seconds)
         for tool in tools:

@@ -5,7 +5,7 @@
     answers = await bot.answers(ALICE.id, 1)
     await bot.stop()
 
-Everything is real but the model: python-telegram-bot's `Application` (built by `bot.app.build_application`,
+Everything is real but the model: python-telegram-bot's `Application` (built by `bot.telegram.app.build_application`,
 talking HTTP to the fake through TELEGRAM_BASE_URL), the SQLite file in `tmp_path`, the tools and the agent; the
 model is a `ScriptedLLM` whose requests show what the model saw.
 """
@@ -13,7 +13,6 @@ model is a `ScriptedLLM` whose requests show what the model saw.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,9 @@ import pytest
 from telegram.ext import Application
 
 from agent.llm.scripted import Reply, ScriptedLLM
-from bot.app import build_application, serve
-from bot.config import Settings
-from bot.intake import journal_source, turn_source_key
+from bot.program.config import Settings
+from bot.telegram.app import build_application, serve
+from bot.telegram.intake import journal_source, turn_source_key
 from db import Database, open_database
 from tests.fakes.telegram_server import Chat, FakeTelegramServer, User, group_chat, private_chat
 
@@ -51,14 +50,14 @@ def final(answer: str) -> str:
 
 def bot_settings(server: FakeTelegramServer, tmp_path: Path, **overrides: Any) -> Settings:
     """Settings pointing at the fake server and a fresh database; quick feedback timings for tests."""
-    base = Settings(
+    base = Settings.of(
         telegram_bot_token=server.token, telegram_base_url=server.base_url,
         database_path=tmp_path / "bot.sqlite3", llm_backend="scripted",
         admin_user_ids=frozenset({ADMIN.id}), allowed_user_ids=frozenset({ALICE.id}),
         allowed_chat_ids=frozenset({TEAM.id}),
         progress_after_seconds=30, typing_interval_seconds=1, shutdown_grace_seconds=0.5,
     )
-    return dataclasses.replace(base, **overrides)
+    return base.replaced(**overrides)
 
 
 @dataclass
@@ -92,7 +91,7 @@ class RunningBot:
 
     async def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         """Rows from the bot's database, read through a second connection."""
-        db = await open_database(self.settings.database_path)
+        db = await open_database(self.settings.storage.database_path)
         try:
             return [tuple(row) for row in await db.fetchall(sql, params)]
         finally:
@@ -143,8 +142,8 @@ async def running_bot(server: FakeTelegramServer, tmp_path: Path, replies: Seque
 
 
 def _ready(server: FakeTelegramServer, settings: Settings, polls_before: int) -> bool:
-    if settings.webhook_url:
-        return _listening(settings.webhook_listen, settings.webhook_port)
+    if settings.webhook.webhook_url:
+        return _listening(settings.webhook.webhook_listen, settings.webhook.webhook_port)
     return server.polls_started > polls_before
 
 

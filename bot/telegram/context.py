@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from telegram.ext import CallbackContext, ExtBot
 
-from bot.access import AccessControl
-from bot.config import Settings
-from bot.progress import ProgressLedger
-from bot.refusals import RefusalLog
-from bot.streaming import DraftSupport
-from bot.turns import TurnScheduler
+from bot.program.config import Settings
+from bot.telegram.access import AccessControl
+from bot.telegram.progress import ProgressLedger
+from bot.telegram.refusals import RefusalLog
+from bot.telegram.streaming import DraftSupport
+from bot.telegram.turns import TurnScheduler
 
 if TYPE_CHECKING:
-    from bot.services import Services
+    from bot.program.services import Services
 
 SERVICES = "services"
 ACCESS = "access"
@@ -49,7 +49,7 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
 
     @property
     def progress(self) -> ProgressLedger:
-        """The progress messages on screen (bot/progress.py)."""
+        """The progress messages on screen (bot/telegram/progress.py)."""
         return self.bot_data[PROGRESS]
 
     @property
@@ -71,5 +71,5 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
 def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
     """The `bot_data` entries `post_init` installs."""
     return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
-            TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.refusal_interval_seconds),
+            TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.access.refusal_interval_seconds),
             DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db)}

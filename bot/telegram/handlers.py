@@ -1,6 +1,6 @@
 """User handlers, thin as in python-telegram-bot's examples: read the update, call one function, reply.
 
-Questions go to bot/questions.py; admin commands live in bot/admin.py; both reply through bot/chat.py.
+Questions go to questions.py; admin commands live in admin.py; both reply through chat.py (all in bot/telegram/).
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import logging
 from telegram import Update
 from telegram.error import Forbidden
 
-from bot.chat import allowed, is_group, reply, reply_or_refuse, session_for, user_language
-from bot.context import BotContext
-from bot.i18n import text
-from bot.questions import addressed_question, answer_question
-from bot.replies import quietly, tools_text, trace_text
-from bot.supergroups import carry_over
+from bot.telegram.chat import allowed, is_group, reply, reply_or_refuse, session_for, user_language
+from bot.telegram.context import BotContext
+from bot.telegram.i18n import text
+from bot.telegram.questions import addressed_question, answer_question
+from bot.telegram.replies import quietly, tools_text, trace_text
+from bot.telegram.supergroups import carry_over
 from db import DatabaseGone
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ async def trace(update: Update, context: BotContext) -> None:
 
 
 async def tools(update: Update, context: BotContext) -> None:
-    """/tools: the tools enabled in this chat (/tools all, for admins, is in bot/admin.py)."""
+    """/tools: the tools enabled in this chat (/tools all, for admins, is in bot/telegram/admin.py)."""
     if not await allowed(update, context):
         return
     chat_key = session_for(update.effective_message).chat_key
@@ -108,7 +108,7 @@ async def on_migrate(update: Update, context: BotContext) -> None:
 # --- errors ----------------------------------------------------------------------------------------------------
 
 async def on_error(update: object, context: BotContext) -> None:
-    """Log a handler's failure and give the user a short apology (the token never reaches a log: bot/logs.py)."""
+    """Log a handler's failure and give the user a short apology (no token reaches a log: bot/program/logs.py)."""
     if isinstance(context.error, Forbidden):
         log.info("update %s: the user blocked the bot or left the chat", getattr(update, "update_id", "?"))
         return

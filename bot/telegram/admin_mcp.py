@@ -12,12 +12,12 @@ import shlex
 
 from telegram import Update
 
-from bot.admin import admin_only, arguments, record
-from bot.context import BotContext
-from bot.chat import reply
-from bot.logs import add_secrets
-from bot.mcp_reports import added_text, refreshed_text, servers_text
-from bot.replies import quietly
+from bot.program.logs import add_secrets
+from bot.program.mcp_reports import added_text, refreshed_text, servers_text
+from bot.telegram.admin import admin_only, arguments, record
+from bot.telegram.chat import reply
+from bot.telegram.context import BotContext
+from bot.telegram.replies import quietly
 from tools.errors import McpConfigError, McpToolError
 from tools.mcp_store import ServerSpec, parse_headers, url_server
 

@@ -1,7 +1,7 @@
 """The question path: whether a message is meant for the bot, its place in line, access at the start of its
 turn, running the agent with feedback, and delivering the answer.
 
-Questions go through the turn scheduler (bot/turns.py): in order per chat, one at a time per user.
+Questions go through the turn scheduler (bot/telegram/turns.py): in order per chat, one at a time per user.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from telegram.error import BadRequest, NetworkError, RetryAfter
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.events import AnswerText, EventSink, ToolStarted
 from agent.memory import Session
-from bot.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
-from bot.config import Settings
-from bot.context import BotContext
-from bot.i18n import text
-from bot.intake import journal_source, turn_source_key
-from bot.replies import TurnFeedback, quietly
-from bot.streaming import AnswerStream, StreamTarget
-from bot.turns import BY_SHUTDOWN, BY_USER, TurnSlot
+from bot.program.config import Settings
+from bot.telegram.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
+from bot.telegram.context import BotContext
+from bot.telegram.i18n import text
+from bot.telegram.replies import TurnFeedback, quietly
+from bot.telegram.streaming import AnswerStream, StreamTarget
+from bot.telegram.turns import BY_SHUTDOWN, BY_USER, TurnSlot
 from db import DatabaseBusy
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ async def answer_question(update: Update, context: BotContext, question: str) ->
     if user is None:
         return
     turns = context.turns
-    if turns.pending(user.id) >= context.settings.max_pending_questions:
+    if turns.pending(user.id) >= context.settings.turns.max_pending_questions:
         await turn_away(update, context)  # over the cap: dropped before it takes a place in line
         return
     # The place in line is taken before the first await, so turns keep the order the updates came in.
@@ -82,7 +81,7 @@ async def turn_away(update: Update, context: BotContext) -> None:
              context.turns.pending(user.id))
     if context.turns.pending(user.id) and context.turns.tell_once(user.id, "too_many"):
         await quietly(reply(update.effective_message, text("too_many_pending", user_language(update),
-                                                           limit=context.settings.max_pending_questions)),
+                                                           limit=context.settings.turns.max_pending_questions)),
                       "the too-many-questions notice")
 
 
@@ -90,8 +89,8 @@ def question_problem(question: str, settings: Settings, lang: str) -> str | None
     """What is wrong with a question the bot will not ask the model (blank, too long); None when it is fine."""
     if is_blank(question):
         return text("ask_usage", lang)
-    if len(question) > settings.max_question_chars:
-        return text("too_long", lang, length=len(question), limit=settings.max_question_chars)
+    if len(question) > settings.turns.max_question_chars:
+        return text("too_long", lang, length=len(question), limit=settings.turns.max_question_chars)
     return None
 
 
@@ -101,8 +100,8 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
     short apology) over the stream; a stopped turn leaves what was streamed, marked as stopped."""
     feedback = TurnFeedback(context.bot, message.chat_id, placeholder=text("thinking", lang),
                             reply_to=message.message_id, thread_id=topic_of(message),
-                            typing_every=context.settings.typing_interval_seconds,
-                            progress_after=context.settings.progress_after_seconds, ledger=context.progress)
+                            typing_every=context.settings.streaming.typing_interval_seconds,
+                            progress_after=context.settings.streaming.progress_after_seconds, ledger=context.progress)
     stream = answer_stream(context, message)
     try:
         try:
@@ -124,9 +123,10 @@ def answer_stream(context: BotContext, message: Message) -> AnswerStream:
     group = is_group(message)
     target = StreamTarget(message.chat_id, reply_to=message.message_id, thread_id=topic_of(message),
                           draft_id=None if group else message.message_id)
-    interval = context.settings.group_stream_interval_seconds if group else context.settings.stream_interval_seconds
+    streaming = context.settings.streaming
+    interval = streaming.group_stream_interval_seconds if group else streaming.stream_interval_seconds
     return AnswerStream(context.bot, target, interval=interval, drafts=context.drafts,
-                        patience=context.settings.send_patience_seconds)
+                        patience=context.settings.turns.send_patience_seconds)
 
 
 def turn_events(feedback: TurnFeedback, stream: AnswerStream) -> EventSink:
@@ -148,8 +148,8 @@ async def deliver(context: BotContext, stream: AnswerStream, answer: str, slot: 
         raise  # refused for good (PTB's BadRequest is a NetworkError): sending it again would fail again
     except (NetworkError, RetryAfter) as error:
         # The turn is stored already: its update stays unhandled in the journal and is handled again, answered
-        # from the store, after ANSWER_RESEND_SECONDS (or after a restart): bot/intake.py. No apology: the answer
-        # itself is on its way.
+        # from the store, after ANSWER_RESEND_SECONDS (or after a restart): bot/telegram/intake.py. No apology:
+        # the answer itself is on its way.
         log.warning("the answer to update %s was not delivered (%s); it will be sent again", slot.update_id, error)
         context.turns.keep_undelivered(slot)
         return
@@ -159,18 +159,17 @@ async def deliver(context: BotContext, stream: AnswerStream, answer: str, slot: 
 async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
                        on_event: EventSink) -> str | None:
     """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
-    source = journal_source(context.bot.id, context.settings)
-    source_key = turn_source_key(source, slot.update_id) if slot.update_id is not None else None
-    if source_key and (stored := await context.services.memory.stored_answer(source_key)) is not None:
+    if slot.source_key and (stored := await context.services.memory.stored_answer(slot.source_key)) is not None:
         return stored  # a redelivered update (restart): answer it again, do not store it twice
     try:
-        result = await context.services.agent.run(session, question, user_id=slot.user_id, source_key=source_key,
+        result = await context.services.agent.run(session, question, user_id=slot.user_id,
+                                                  source_key=slot.source_key,
                                                   on_event=on_event, cancel=slot.cancel)
     except LLMTimeout:
         return text("timeout", lang)
     except LLMCancelled:
         # /cancel already said "stopped"; a turn stopped by shutdown stays unhandled in the update journal and is
-        # answered after the restart (bot/intake.py).
+        # answered after the restart (bot/telegram/intake.py).
         return None if slot.cancelled_by in (BY_USER, BY_SHUTDOWN) else text("timeout", lang)
     except LLMError as error:
         log.warning("model failed in %s: %s", session.id, error)

@@ -3,7 +3,7 @@
 python-telegram-bot's own webhook server (`Updater.start_webhook`) reads a request's whole body before it looks at
 the secret token, and accepts bodies up to tornado's default of 100 MB: anyone who can reach the port can make the
 bot buffer that much per connection. It has no setting for either, and PTB documents running your own web server
-instead (`ApplicationBuilder().updater(None)`, as bot/app.py does). This one streams the body
+instead (`ApplicationBuilder().updater(None)`, as bot/telegram/app.py does). This one streams the body
 (`tornado.web.stream_request_body`), so the secret token (compared in constant time) and the declared length are
 checked as soon as the headers arrive, before a byte of the body is read; no body, chunked or not, may exceed
 WEBHOOK_MAX_BODY_BYTES. An update is journaled before the 200 goes back, so Telegram sends again whatever the bot

@@ -1,9 +1,9 @@
 """Progress messages a turn leaves on screen, remembered in the database so that none outlives its process.
 
 A turn shows one progress message ("⏳ 正在思考…", then its current step) and deletes it when the answer comes
-(bot/replies.py `TurnFeedback`). A process killed in between never gets to delete it, and the message would stay
-in the chat forever; so each one sent is written to `progress_messages`, removed when deleted, and whatever is
-still listed at the next start is deleted then (`clean_up`).
+(bot/telegram/replies.py `TurnFeedback`). A process killed in between never gets to delete it, and the message
+would stay in the chat forever; so each one sent is written to `progress_messages`, removed when deleted, and
+whatever is still listed at the next start is deleted then (`clean_up`).
 """
 
 from __future__ import annotations

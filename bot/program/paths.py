@@ -22,8 +22,8 @@ APP_NAME = "qwenbot"
 
 
 def project_root() -> Path | None:
-    """The checkout this code runs from (the folder holding `pyproject.toml` above `bot/`), or None."""
-    root = Path(__file__).resolve().parent.parent
+    """The checkout this code runs from (the folder holding `pyproject.toml` and `bot/`), or None."""
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").is_file() else None
 
 

@@ -35,6 +35,9 @@ class TurnSlot:
     session_id: str
     user_id: int
     update_id: int | None
+    # The turn's key in the store (`source_key`): its update's journal key, so a redelivered update is answered
+    # from the store, not asked twice. None for a question that came through no journal.
+    source_key: str | None = None
     cancel: CancelToken = field(default_factory=CancelToken)
     cancelled_by: str | None = None
     running: bool = False
@@ -75,10 +78,21 @@ class TurnScheduler:
         # Updates whose turn shutdown stopped before it answered (INTERRUPTED), or whose answer Telegram never took
         # (UNDELIVERED): the journal keeps them unhandled, to be handled again. Only this class writes or reads it.
         self._kept: dict[int, str] = {}
+        # The journal key of each update being handled, attached by the dispatcher (bot/telegram/intake.py) as it
+        # hands the update to its handler: a slot reserved for that update takes it as its `source_key`.
+        self._journal_keys: dict[int, str] = {}
+
+    def attach_journal_key(self, update_id: int, source_key: str) -> None:
+        """Update `update_id` is being handled; a turn it asks for is stored under `source_key`."""
+        self._journal_keys[update_id] = source_key
+
+    def detach_journal_key(self, update_id: int) -> None:
+        """The handler of update `update_id` ended."""
+        self._journal_keys.pop(update_id, None)
 
     def reserve(self, session_id: str, user_id: int, update_id: int | None = None) -> TurnSlot:
         """Take the next place in line for `session_id` and `user_id` (synchronous: call before any await)."""
-        slot = TurnSlot(session_id, user_id, update_id)
+        slot = TurnSlot(session_id, user_id, update_id, self._journal_keys.get(update_id))
         if (previous := self._session_tail.get(session_id)) is not None:
             slot.after_session = previous.done
         if (previous := self._user_tail.get(user_id)) is not None:
@@ -143,7 +157,7 @@ class TurnScheduler:
             self._kept.setdefault(slot.update_id, INTERRUPTED)
 
     def keep_undelivered(self, slot: TurnSlot) -> None:
-        """Leave the slot's update unhandled: its stored answer is to be sent again (bot/intake.py)."""
+        """Leave the slot's update unhandled: its stored answer is to be sent again (bot/telegram/intake.py)."""
         if slot.update_id is not None:
             self._kept[slot.update_id] = UNDELIVERED
 

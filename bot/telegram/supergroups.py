@@ -14,8 +14,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from bot.access import AccessControl, insert_audit
-from bot.chat import chat_key
+from bot.program.audit import insert_audit
+from bot.telegram.access import AccessControl
+from bot.telegram.chat import chat_key
 from db import Database
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ async def _move_access(conn: Any, access: AccessControl, old_id: int, new_id: in
                            "VALUES ('chat', ?, ?, ?)", (new_id, row[0], row[1]))
         await conn.execute("DELETE FROM access_list WHERE kind = 'chat' AND subject_id = ?", (old_id,))
         return "allowed" if row[0] else "denied"
-    if old_id in access.settings.allowed_chat_ids and new_id not in access.settings.allowed_chat_ids:
+    if old_id in access.settings.access.allowed_chat_ids and new_id not in access.settings.access.allowed_chat_ids:
         cursor = await conn.execute("INSERT OR IGNORE INTO access_list (kind, subject_id, allowed) "
                                     "VALUES ('chat', ?, 1)", (new_id,))
         if cursor.rowcount:

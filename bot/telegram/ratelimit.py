@@ -19,7 +19,7 @@ from typing import Any, Callable, Coroutine
 from telegram.error import RetryAfter, TelegramError
 from telegram.ext import AIORateLimiter
 
-from bot.replies import retry_after_seconds
+from bot.telegram.replies import retry_after_seconds
 
 log = logging.getLogger(__name__)
 

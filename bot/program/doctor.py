@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, TextIO
 
 from agent.errors import LLMError, ModelLoadError
-from bot.config import ConfigError, Settings
-from bot.logs import configure_logging
-from bot.paths import dotenv_file
+from bot.program.config import ConfigError, Settings
+from bot.program.logs import configure_logging
+from bot.program.paths import dotenv_file
 from db.files import make_private_folders
 from db.instance_lock import lock_path, serving_pid
 from db.migrate import MIGRATIONS_FOLDER, discover
@@ -71,36 +71,36 @@ def check_settings(settings: Settings) -> Check:
     """Settings parsed (a bad one never gets here: see `doctor_main`); say where they came from."""
     source = dotenv_file()
     origin = str(source) if source.is_file() else "no .env file (environment and defaults)"
-    return ok("settings", f"{origin}; LLM_BACKEND={settings.llm_backend}, AGENT_MODE={settings.agent_mode}, "
-                          f"DATA_DIR={settings.data_dir}")
+    return ok("settings", f"{origin}; LLM_BACKEND={settings.model.llm_backend}, "
+                          f"AGENT_MODE={settings.agent.agent_mode}, DATA_DIR={settings.storage.data_dir}")
 
 
 def check_data_dir(settings: Settings) -> Check:
     """The data directory exists (or can be made) and this user can write in it."""
     try:
-        make_private_folders(settings.data_dir)  # 0700, as the database would make it
-        with tempfile.NamedTemporaryFile(dir=settings.data_dir, prefix=".doctor-"):
+        make_private_folders(settings.storage.data_dir)  # 0700, as the database would make it
+        with tempfile.NamedTemporaryFile(dir=settings.storage.data_dir, prefix=".doctor-"):
             pass
     except OSError as error:
-        return fail("data dir", f"{settings.data_dir} is not writable: {error.strerror or error}",
+        return fail("data dir", f"{settings.storage.data_dir} is not writable: {error.strerror or error}",
                     "set DATA_DIR to a folder this user can write, or fix its owner and permissions")
-    return ok("data dir", f"{settings.data_dir} (writable)")
+    return ok("data dir", f"{settings.storage.data_dir} (writable)")
 
 
 def check_disk(settings: Settings) -> Check:
     """Enough free space where the data lives (database, model cache)."""
-    where = settings.data_dir if settings.data_dir.exists() else Path(settings.data_dir.anchor)
+    where = settings.storage.data_dir if settings.storage.data_dir.exists() else Path(settings.storage.data_dir.anchor)
     free_mb = shutil.disk_usage(where).free // 2**20
     found = f"{free_mb / 1024:.1f} GB free in {where}"
-    if free_mb < settings.doctor_min_free_disk_mb:
-        return fail("disk", f"{found}, less than DOCTOR_MIN_FREE_DISK_MB={settings.doctor_min_free_disk_mb}",
-                    "free some space or point DATA_DIR at a bigger disk (a hub model needs its size: README)")
+    if free_mb < settings.doctor.doctor_min_free_disk_mb:
+        return fail("disk", f"{found}, less than DOCTOR_MIN_FREE_DISK_MB={settings.doctor.doctor_min_free_disk_mb}",
+                    "free some space or point DATA_DIR at a bigger disk (a hub model needs its size: docs/models.md)")
     return ok("disk", found)
 
 
 def check_database(settings: Settings) -> Check:
     """The database exists, is the bot's, has every migration, and takes a write."""
-    path = settings.database_path
+    path = settings.storage.database_path
     if not path.is_file():
         return fail("database", f"no database at {path} yet", "run `qwenbot migrate` (scripts/run.sh does)")
     try:
@@ -121,16 +121,16 @@ def check_database(settings: Settings) -> Check:
 def check_instance(settings: Settings) -> Check:
     """No other qwenbot serves the database: `qwenbot run` would wait for it to stop, then give up."""
     try:
-        pid = serving_pid(settings.database_path)
+        pid = serving_pid(settings.storage.database_path)
     except OSError as error:
-        return fail("instance", f"cannot read {lock_path(settings.database_path)}: {error.strerror or error}",
+        return fail("instance", f"cannot read {lock_path(settings.storage.database_path)}: {error.strerror or error}",
                     "let this user read the lock file beside the database (owner, permissions)")
     if pid is None:
         return ok("instance", "no qwenbot serves this database now")
-    return fail("instance", f"another qwenbot (pid {pid}) serves {settings.database_path}",
+    return fail("instance", f"another qwenbot (pid {pid}) serves {settings.storage.database_path}",
                 f"stop it before starting another: `qwenbot run` waits INSTANCE_LOCK_WAIT_SECONDS="
-                f"{settings.instance_lock_wait_seconds:g} for it, then gives up (a doctor run beside a live bot "
-                "may ignore this line)")
+                f"{settings.storage.instance_lock_wait_seconds:g} for it, then gives up (a doctor run beside a live "
+                "bot may ignore this line)")
 
 
 def applied_migrations(path: Path) -> set[str]:
@@ -166,10 +166,10 @@ def database_error(path: Path, error: sqlite3.Error) -> Check:
 
 def check_vocabulary(settings: Settings) -> Check:
     """Qwen's tiktoken vocabulary, which counts tokens when the model is not local."""
-    path = settings.tokenizer_vocab_path
+    path = settings.model.tokenizer_vocab_path
     if path.is_file():
         return ok("vocab", f"{path}")
-    if settings.llm_backend == "local":
+    if settings.model.llm_backend == "local":
         return ok("vocab", f"{path} absent (not needed: the local model counts its own tokens)")
     return fail("vocab", f"{path} absent: token counts would be estimates",
                 "run scripts/fetch_assets.sh, or set TOKENIZER_VOCAB_PATH")
@@ -181,14 +181,14 @@ async def check_telegram(settings: Settings) -> list[Check]:
     from telegram.error import InvalidToken, NetworkError
     from telegram.request import HTTPXRequest
 
-    url = settings.telegram_base_url
-    if not settings.telegram_bot_token:
+    url = settings.telegram.telegram_base_url
+    if not settings.telegram.telegram_bot_token:
         return [Check("bot api", Status.SKIP, f"{url}: not tried without a token"),
                 fail("token", "TELEGRAM_BOT_TOKEN is not set",
-                     "create a bot with @BotFather and put its token in .env (README: Create the bot)")]
-    timeout = settings.doctor_timeout_seconds
+                     "create a bot with @BotFather and put its token in .env (docs/telegram.md: Create the bot)")]
+    timeout = settings.doctor.doctor_timeout_seconds
     request = HTTPXRequest(connect_timeout=timeout, read_timeout=timeout, write_timeout=timeout)
-    bot = Bot(settings.telegram_bot_token, base_url=url, request=request)
+    bot = Bot(settings.telegram.telegram_bot_token, base_url=url, request=request)
     try:
         async with bot:  # initialize() calls getMe
             me = bot.bot
@@ -205,13 +205,13 @@ async def check_telegram(settings: Settings) -> list[Check]:
 
 async def check_model(settings: Settings) -> list[Check]:
     """The model the settings choose: loadable (local) or served (openai), its chat template, tools if native."""
-    if settings.llm_backend == "openai":
+    if settings.model.llm_backend == "openai":
         return await check_model_server(settings)
-    if settings.llm_backend == "local":
+    if settings.model.llm_backend == "local":
         return await asyncio.to_thread(check_local_model, settings)
-    path = Path(settings.scripted_replies_path)
+    path = Path(settings.scripted.scripted_replies_path)
     if not path.is_file():
-        return [fail("model", f"SCRIPTED_REPLIES_PATH {settings.scripted_replies_path!r} is no file",
+        return [fail("model", f"SCRIPTED_REPLIES_PATH {settings.scripted.scripted_replies_path!r} is no file",
                      "point SCRIPTED_REPLIES_PATH at a JSON list of replies, or choose LLM_BACKEND=local/openai")]
     return [ok("model", f"scripted replies from {path}")]
 
@@ -221,23 +221,23 @@ def check_local_model(settings: Settings) -> list[Check]:
     from agent.llm.local import load_options, resolve_model
 
     try:
-        source = resolve_model(settings.model, settings.data_dir)
-        options = load_options(source, settings.model_cache_dir)
+        source = resolve_model(settings.model.model, settings.storage.data_dir)
+        options = load_options(source, settings.model.model_cache_dir)
         tokenizer = load_config_and_tokenizer(source.location, options)
     except ModelLoadError as error:
         return [fail("model", str(error), MODEL_FIX)]
-    checks = [ok("model", f"{settings.model} loads ({describe_source(source, options)})")]
+    checks = [ok("model", f"{settings.model.model} loads ({describe_source(source, options)})")]
     if not getattr(tokenizer, "chat_template", None):
         return checks + [fail("template", "the tokenizer has no chat template (a base model?)",
                               "use an instruct/chat model, e.g. Qwen/Qwen2.5-1.5B-Instruct")]
     checks.append(ok("template", "chat template renders"
                      if tokenizer.apply_chat_template(PROBE, tokenize=False) else "chat template is empty"))
-    if settings.agent_mode == "native":
+    if settings.agent.agent_mode == "native":
         checks.append(check_native_template(tokenizer))
     return checks
 
 
-MODEL_FIX = "check MODEL (README: Choosing a model and hardware)"
+MODEL_FIX = "check MODEL (docs/models.md: Choosing a model and hardware)"
 
 
 def load_config_and_tokenizer(location: str, options: dict[str, Any]) -> Any:
@@ -274,7 +274,7 @@ def check_native_template(tokenizer: Any) -> Check:
 
 async def check_model_server(settings: Settings) -> list[Check]:
     """The server answers, serves the model, completes one token, and takes tools in native mode."""
-    from bot.services import build_llm
+    from bot.program.services import build_llm
 
     llm = build_llm(settings)
     try:
@@ -284,12 +284,12 @@ async def check_model_server(settings: Settings) -> list[Check]:
                          f"set OPENAI_MODEL to one of them (OPENAI_MODEL={served[0]})")]
         checks = [ok("model", f"{llm.model} on the server at {llm.url}")]
         checks.append(await server_call("chat", llm, tools=None))
-        if settings.agent_mode == "native" and checks[-1].status is Status.OK:
+        if settings.agent.agent_mode == "native" and checks[-1].status is Status.OK:
             checks.append(await server_call("tools", llm, tools=[CALCULATOR.openai_spec()]))
         return checks
     except LLMError as error:
         return [fail("model", str(error), "start the model server, or fix OPENAI_BASE_URL / OPENAI_API_KEY "
-                                          "(README: Model servers)")]
+                                          "(docs/models.md: Model servers)")]
     finally:
         await llm.close()
 
@@ -338,5 +338,5 @@ def doctor_main(out: TextIO = sys.stdout) -> int:
         return report([fail("settings", str(error), "fix that line in .env (.env.example explains each setting)")],
                       out)
     # The report is the output: library log lines (hub, transformers) would only interleave with it.
-    configure_logging("ERROR", secrets=[settings.telegram_bot_token, settings.openai_api_key])
+    configure_logging("ERROR", secrets=[settings.telegram.telegram_bot_token, settings.openai.openai_api_key])
     return report(asyncio.run(diagnose(settings)), out)

@@ -21,8 +21,9 @@ from agent.memory import StoredTurn
 from agent.steps import TOOL_KINDS
 from agent.traces import render_trace, shorten
 from agent.unicode import clean_text
-from bot.i18n import text
-from bot.progress import ProgressLedger
+from bot.program.config import StreamingSettings, TurnsSettings
+from bot.telegram.i18n import text
+from bot.telegram.progress import ProgressLedger
 from tools.registry import Tool
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,8 @@ T = TypeVar("T")
 MAX_MESSAGE = MessageLimit.MAX_TEXT_LENGTH  # 4096, counted by Telegram in UTF-16 code units
 # How long a reply keeps trying through flood waits and network failures: Telegram's 502s and dropped connections
 # come in bursts of seconds. An answer uses SEND_PATIENCE_SECONDS from the settings (and is sent again from the
-# store later if even that runs out: bot/intake.py); other replies use this default.
-SEND_PATIENCE_SECONDS = 30.0
+# store later if even that runs out: bot/telegram/intake.py); other replies use this default.
+SEND_PATIENCE_SECONDS = TurnsSettings.send_patience_seconds
 PROGRESS_PATIENCE_SECONDS = 2.0  # a progress message is not worth holding the turn up for
 RETRY_PAUSES_SECONDS = (0.5, 1, 2, 4, 8)  # then every 8 s
 
@@ -234,12 +235,13 @@ class TurnFeedback:
 
     Use as `async with TurnFeedback(...) as feedback:` and call `feedback.show(step)` when a step starts (it only
     notes the step: the feedback's own task edits the message). After the answer is sent, `remove()` deletes the
-    progress message. With a `ledger` (bot/progress.py), the progress message is listed in the database while it is
-    on screen, so a killed process's is deleted at the next start.
+    progress message. With a `ledger` (bot/telegram/progress.py), the progress message is listed in the database
+    while it is on screen, so a killed process's is deleted at the next start.
     """
 
     def __init__(self, bot: Bot, chat_id: int, *, placeholder: str, reply_to: int | None = None,
-                 thread_id: int | None = None, typing_every: float = 4.0, progress_after: float = 2.0,
+                 thread_id: int | None = None, typing_every: float = StreamingSettings.typing_interval_seconds,
+                 progress_after: float = StreamingSettings.progress_after_seconds,
                  ledger: ProgressLedger | None = None):
         self.bot = bot
         self.ledger = ledger

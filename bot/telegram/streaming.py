@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from telegram import Bot, Message
 from telegram.error import BadRequest, Forbidden, InvalidToken, TelegramError
 
-from bot.replies import (MAX_MESSAGE, PROGRESS_PATIENCE_SECONDS, edit_chunk, quietly, send_chunk, send_draft,
+from bot.telegram.replies import (MAX_MESSAGE, PROGRESS_PATIENCE_SECONDS, edit_chunk, quietly, send_chunk, send_draft,
                          split_message, utf16_len)
 
 log = logging.getLogger(__name__)

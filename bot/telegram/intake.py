@@ -6,10 +6,12 @@ After a crash or a shutdown that interrupted turns, the unhandled updates are ha
 update Telegram sends twice is recognised by its id (and a turn already stored is not stored twice: the agent's
 `source_key`). Ids are unique only for one bot at one Bot API server, so each row carries its source (the bot id
 and TELEGRAM_BASE_URL): another server's ids starting again at 1 are new updates, and what is skipped is logged.
-Webhook updates go through the same journal (bot/webhook.py).
+Webhook updates go through the same journal (bot/telegram/webhook.py).
 
 Each update is handled in its own task, started in update order, so handlers can take their place in line
-(bot/turns.py) in the order the updates came; other chats go on in parallel and `/help` never waits for a turn.
+(bot/telegram/turns.py) in the order the updates came; other chats go on in parallel and `/help` never waits for
+a turn. The dispatcher hands each update to its handler with the update's journal key attached (the turn's
+`source_key`, through the turn scheduler): nothing outside this module builds one or calls back into it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.ext import Application
 
 from agent.unicode import clean_text, has_surrogates
-from bot.config import Settings
-from bot.replies import quietly, retry_after_seconds
-from bot.turns import UNDELIVERED, TurnScheduler
+from bot.program.config import Settings, TurnsSettings
+from bot.telegram.replies import quietly, retry_after_seconds
+from bot.telegram.turns import UNDELIVERED, TurnScheduler
 from db import Database, DatabaseError
 
 log = logging.getLogger(__name__)
@@ -38,12 +40,12 @@ KEEP_HANDLED_DAYS = 3  # Telegram redelivers unconfirmed updates for 24 hours: k
 PRUNE_EVERY = 1000  # handled updates between two prunings of the journal
 BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
 FINISH_BOUND_SECONDS = 10  # after cancelling, how long cancelled turns get to wind down
-RESEND_AFTER_SECONDS = 60.0  # default of ANSWER_RESEND_SECONDS
+RESEND_AFTER_SECONDS = TurnsSettings.answer_resend_seconds
 
 
 def journal_source(bot_id: int, settings: Settings) -> str:
     """Where update ids come from, and are unique: '<bot id>@<Bot API base URL>' (a token in the URL masked)."""
-    url, token = settings.telegram_base_url, settings.telegram_bot_token
+    url, token = settings.telegram.telegram_base_url, settings.telegram.telegram_bot_token
     return f"{bot_id}@{url.replace(token, '{token}') if token else url}"
 
 
@@ -65,6 +67,10 @@ class UpdateJournal:
     def __init__(self, db: Database, source: str):
         self.db = db
         self.source = source
+
+    def turn_key(self, update_id: int) -> str:
+        """The `source_key` of the turn update `update_id` asks for."""
+        return turn_source_key(self.source, update_id)
 
     async def admit(self, updates: Sequence[Update]) -> list[Update]:
         """Write the updates not seen before, in one transaction; return them, in order. Those skipped are logged."""
@@ -165,8 +171,9 @@ def readable(update: Update) -> tuple[Update, str]:
 class Dispatcher:
     """Runs each journaled update through the application in its own task, and records when it is handled.
 
-    An update whose answer Telegram did not take (bot/questions.py `deliver`) stays unhandled and is handled again
-    `resend_after` seconds later: its turn is stored, so the answer comes from the store, not from the model.
+    An update whose answer Telegram did not take (bot/telegram/questions.py `deliver`) stays unhandled and is
+    handled again `resend_after` seconds later: its turn is stored, so the answer comes from the store, not from
+    the model.
     """
 
     def __init__(self, application: Application, journal: UpdateJournal, turns: TurnScheduler, *,
@@ -198,10 +205,13 @@ class Dispatcher:
         self.tasks[update.update_id] = asyncio.create_task(self._handle(update), name=f"update:{update.update_id}")
 
     async def _handle(self, update: Update) -> None:
+        # The one place the journal key is attached: a turn the update asks for is stored under it.
+        self.turns.attach_journal_key(update.update_id, self.journal.turn_key(update.update_id))
         try:
             # Handler errors go to the application's error handler; process_update itself does not raise.
             await self.application.process_update(update)
         finally:
+            self.turns.detach_journal_key(update.update_id)
             try:
                 kept = self.turns.take_kept(update.update_id)
                 if kept is None:

@@ -9,7 +9,7 @@ channels and from Telegram itself carry them as their sender, so allowing one wo
 
 from __future__ import annotations
 
-from bot.logs import redact_token_shapes
+from bot.program.logs import redact_token_shapes
 
 # Telegram ids have at most 52 significant bits; a larger number is no id (and would not fit SQLite's INTEGER).
 MAX_ID = 2 ** 53

@@ -4,7 +4,7 @@
     await serve(app, settings, stop_event)         # until stop_event is set (SIGINT/SIGTERM in `qwenbot run`)
 
 `post_init` starts the services (database, model, agent) and registers the command menu; `post_shutdown` closes
-them. `serve` feeds updates through the journal in bot/intake.py and, on stop, lets running turns finish for
+them. `serve` feeds updates through the journal in bot/telegram/intake.py and, on stop, lets running turns finish for
 SHUTDOWN_GRACE_SECONDS before stopping the rest (their updates are handled again after the restart).
 """
 
@@ -20,14 +20,14 @@ from telegram import BotCommand, BotCommandScopeChat, Update
 from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
 
 from agent.llm.base import LLM
-from bot import admin, admin_mcp, handlers
-from bot.config import Settings
-from bot.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
-from bot.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
-from bot.ratelimit import BotRateLimiter
-from bot.replies import quietly
-from bot.services import Services, naming_database_path, start_services
-from bot.webhook import WebhookServer
+from bot.program.config import Settings
+from bot.program.services import Services, naming_database_path, start_services
+from bot.telegram import admin, admin_mcp, handlers
+from bot.telegram.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
+from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
+from bot.telegram.ratelimit import BotRateLimiter
+from bot.telegram.replies import quietly
+from bot.telegram.webhook import WebhookServer
 from db import InstanceLock
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,13 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
 
     application = (
         ApplicationBuilder()
-        .token(settings.telegram_bot_token)
-        .base_url(settings.telegram_base_url)
+        .token(settings.telegram.telegram_bot_token)
+        .base_url(settings.telegram.telegram_base_url)
         .context_types(ContextTypes(context=BotContext))
-        .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram_messages_per_second,
-                                     group_max_rate=settings.telegram_group_messages_per_minute, max_retries=2))
-        .updater(None)  # updates come through bot/intake.py, journaled
+        .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram.telegram_messages_per_second,
+                                     group_max_rate=settings.telegram.telegram_group_messages_per_minute,
+                                     max_retries=2))
+        .updater(None)  # updates come through bot/telegram/intake.py, journaled
         .post_init(_post_init(settings, services_factory or start))
         .post_shutdown(_post_shutdown)
         .build()
@@ -142,7 +143,7 @@ async def register_commands(application: Application, settings: Settings) -> Non
     await quietly(bot.set_my_commands([BotCommand(c, zh) for c, _, zh in USER_COMMANDS], language_code="zh"),
                   "setMyCommands (zh)")
     admin_menu = [BotCommand(c, en) for c, en, _ in USER_COMMANDS] + [BotCommand(c, d) for c, d in ADMIN_COMMANDS]
-    for admin_id in sorted(settings.admin_user_ids):
+    for admin_id in sorted(settings.access.admin_user_ids):
         # Fails with "chat not found" until the admin has written to the bot once; that is fine.
         await quietly(bot.set_my_commands(admin_menu, scope=BotCommandScopeChat(admin_id)), "setMyCommands (admin)")
 
@@ -156,9 +157,9 @@ async def serve(application: Application, settings: Settings, stop: asyncio.Even
     First the database's instance lock (db/instance_lock.py): one serving process per database, a second one
     waits INSTANCE_LOCK_WAIT_SECONDS for it (a rolling restart) and then gives up with `DatabaseInUse`.
     """
-    lock = InstanceLock(settings.database_path)
+    lock = InstanceLock(settings.storage.database_path)
     with naming_database_path():
-        if not await lock.acquire(settings.instance_lock_wait_seconds, stop):
+        if not await lock.acquire(settings.storage.instance_lock_wait_seconds, stop):
             return  # stopped while waiting for the other process
     try:
         await application.initialize()
@@ -181,7 +182,7 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
     services: Services = application.bot_data[SERVICES]
     journal = UpdateJournal(services.db, journal_source(application.bot.id, settings))
     dispatcher = Dispatcher(application, journal, application.bot_data[TURNS],
-                            resend_after=settings.answer_resend_seconds)
+                            resend_after=settings.turns.answer_resend_seconds)
     await journal.claim_legacy()
     await journal.report_foreign()
     await journal.prune()
@@ -190,14 +191,14 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)
     stopping = asyncio.create_task(stop.wait())
     # The database file deleted or replaced under us (db/file_watch.py): stop rather than write to a ghost.
-    watch = asyncio.create_task(services.db.file.watch(settings.database_check_seconds), name="database-watch")
+    watch = asyncio.create_task(services.db.file.watch(settings.storage.database_check_seconds), name="database-watch")
     try:
         await asyncio.wait([intake.task, stopping, watch], return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
         watch.cancel()
         await intake.close()
-        await dispatcher.finish(settings.shutdown_grace_seconds)
+        await dispatcher.finish(settings.turns.shutdown_grace_seconds)
     for task in (watch, intake.task):
         if task.done() and not task.cancelled() and task.exception():
             raise task.exception()  # e.g. InvalidToken, DatabaseGone: `qwenbot run` reports it in one line
@@ -218,17 +219,17 @@ class _Intake:
 
 async def _start_intake(application: Application, settings: Settings, dispatcher: Dispatcher,
                         poll_timeout: float) -> _Intake:
-    if not settings.webhook_url:
+    webhook = settings.webhook
+    if not webhook.webhook_url:
         poller = Poller(application.bot, dispatcher, timeout=poll_timeout)
         return _Intake(asyncio.create_task(poller.run(), name="poller"))
 
     async def accept(update: Update) -> None:
         await dispatcher.accept([update])
 
-    server = WebhookServer(application.bot, accept, url=settings.webhook_url, listen=settings.webhook_listen,
-                           port=settings.webhook_port,
-                           secret=settings.webhook_secret_token or secrets.token_urlsafe(32),
-                           max_body_bytes=settings.webhook_max_body_bytes, allowed_updates=ALLOWED_UPDATES)
+    server = WebhookServer(application.bot, accept, url=webhook.webhook_url, listen=webhook.webhook_listen,
+                           port=webhook.webhook_port, secret=webhook.webhook_secret_token or secrets.token_urlsafe(32),
+                           max_body_bytes=webhook.webhook_max_body_bytes, allowed_updates=ALLOWED_UPDATES)
     return _Intake(asyncio.create_task(server.run(), name="webhook"))
 
 
@@ -242,7 +243,7 @@ async def _run_until_signal(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    mode = f"webhook at {settings.webhook_url}" if settings.webhook_url else "long polling"
+    mode = f"webhook at {settings.webhook.webhook_url}" if settings.webhook.webhook_url else "long polling"
     log.info("starting the bot (%s)", mode)
     await serve(build_application(settings), settings, stop)
     log.info("stopped")

@@ -29,7 +29,7 @@ from agent.memory import Session
 from agent.steps import TurnResult
 from agent.apologies import apology, language_of
 from agent.traces import render_trace
-from bot.services import Services
+from bot.program.services import Services
 
 OBSERVATION_CHARS = 300  # an observation is shown cut to this many characters (the model reads it whole)
 QUIT_COMMANDS = ("/quit", "/exit")

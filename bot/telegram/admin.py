@@ -9,11 +9,11 @@ from __future__ import annotations
 from telegram import Update
 
 from agent.options import REQUIRE_TOOL_CALL
-from bot.access import audit
-from bot.context import BotContext
-from bot.chat import reply, reply_or_refuse, session_for
-from bot.ids import IdError, parse_id, refuse_service_account
-from bot.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
+from bot.program.audit import audit
+from bot.program.ids import IdError, parse_id, refuse_service_account
+from bot.telegram.chat import reply, reply_or_refuse, session_for
+from bot.telegram.context import BotContext
+from bot.telegram.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
 from tools.courses import FIELDS, FIELD_LABELS
 from tools.errors import ConfirmationNeeded, CourseError, UnknownTool
 from tools.registry import BUILT_IN, Tool
@@ -43,7 +43,7 @@ FIELD_ALIASES = {**{label: name for name, label in FIELD_LABELS.items()}, "per_w
 
 async def admin_only(update: Update, context: BotContext) -> bool:
     """Whether the sender is an admin; refuses everyone else with a clear message (once per interval, for a
-    sender without any access: see bot/chat.py's `refuse`)."""
+    sender without any access: see bot/telegram/chat.py's `refuse`)."""
     user = update.effective_user
     if user is not None and context.access.is_admin(user.id):
         return True
@@ -136,7 +136,7 @@ async def require_tool(update: Update, context: BotContext) -> None:
     scope = GLOBAL if len(args) == 2 else chat_key
     await context.services.options.set(REQUIRE_TOOL_CALL, POLICY_VALUES[args[0]], scope)
     await record(update, context, "require_tool", f"{args[0]} scope={scope}")
-    required = await context.services.options.require_tool_call(chat_key, context.settings.require_tool_call)
+    required = await context.services.options.require_tool_call(chat_key, context.settings.agent.require_tool_call)
     source = await context.services.options.source(chat_key, REQUIRE_TOOL_CALL)
     state = "must call a tool before answering" if required else "may answer without a tool"
     await reply(update.effective_message, f"✅ Here, questions about a tool's subject {state} ({source} setting).")
@@ -243,9 +243,9 @@ async def admins(update: Update, context: BotContext) -> None:
     if not await admin_only(update, context):
         return
     settings = context.settings
-    lines = ["Admins (ADMIN_USER_IDS): " + _ids(settings.admin_user_ids),
-             "Users (ALLOWED_USER_IDS): " + _ids(settings.allowed_user_ids),
-             "Chats (ALLOWED_CHAT_IDS): " + _ids(settings.allowed_chat_ids)]
+    lines = ["Admins (ADMIN_USER_IDS): " + _ids(settings.access.admin_user_ids),
+             "Users (ALLOWED_USER_IDS): " + _ids(settings.access.allowed_user_ids),
+             "Chats (ALLOWED_CHAT_IDS): " + _ids(settings.access.allowed_chat_ids)]
     entries = await context.access.entries()
     if entries:
         lines.append("Changed at run time:")

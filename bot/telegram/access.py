@@ -1,5 +1,5 @@
 """Who may talk to the bot and who is an admin: policy only (whether a message is meant for the bot is decided
-with the question, in bot/questions.py).
+with the question, in bot/telegram/questions.py).
 
 Access is closed by default. Admins (ADMIN_USER_IDS) may always talk. A user may talk when allowed by
 ALLOWED_USER_IDS or by an admin's `/allow ID`; in a group, everyone may talk when the group is allowed
@@ -10,10 +10,10 @@ what the environment gave. Every change is written to the audit log in the same 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from bot.config import Settings
-from bot.ids import is_service_account
+from bot.program.audit import insert_audit
+from bot.program.config import Settings
+from bot.program.ids import is_service_account
 from db import Database
 
 GROUP_TYPES = ("group", "supergroup")
@@ -44,7 +44,7 @@ class AccessControl:
 
     def is_admin(self, user_id: int | None) -> bool:
         """Whether `user_id` is listed in ADMIN_USER_IDS."""
-        return user_id is not None and user_id in self.settings.admin_user_ids
+        return user_id is not None and user_id in self.settings.access.admin_user_ids
 
     async def may_talk(self, user_id: int | None, chat_id: int, chat_type: str) -> bool:
         """Whether a message from `user_id` in chat `chat_id` may reach the model."""
@@ -53,16 +53,16 @@ class AccessControl:
         if self.is_admin(user_id):
             return True
         # A service account (an anonymous admin, a channel) stands for many senders: only a group's own access
-        # lets it in, in that group; an old `/allow` of its id (refused since, bot/ids.py) does not.
+        # lets it in, in that group; an old `/allow` of its id (refused since, bot/program/ids.py) does not.
         if not is_service_account(user_id):
             user_choice = await self._choice("user", user_id)
             if user_choice is not None:
                 return user_choice
-            if user_id in self.settings.allowed_user_ids:
+            if user_id in self.settings.access.allowed_user_ids:
                 return True
         if chat_type in GROUP_TYPES:
             chat_choice = await self._choice("chat", chat_id)
-            return chat_choice if chat_choice is not None else chat_id in self.settings.allowed_chat_ids
+            return chat_choice if chat_choice is not None else chat_id in self.settings.access.allowed_chat_ids
         return False
 
     async def _choice(self, kind: str, subject_id: int) -> bool | None:
@@ -89,14 +89,3 @@ class AccessControl:
             "ORDER BY kind DESC, subject_id")
         return [AccessEntry(kind, subject_id, bool(allowed), by, at) for kind, subject_id, allowed, by, at in rows]
 
-
-async def insert_audit(conn: Any, user_id: int | None, chat_id: int | None, action: str, detail: str) -> None:
-    """Write one audit row on an open transaction's connection."""
-    await conn.execute("INSERT INTO audit_log (user_id, chat_id, action, detail) VALUES (?, ?, ?, ?)",
-                       (user_id, chat_id, action, detail))
-
-
-async def audit(db: Database, user_id: int | None, chat_id: int | None, action: str, detail: str) -> None:
-    """Write one audit row in its own transaction."""
-    async with db.transaction() as conn:
-        await insert_audit(conn, user_id, chat_id, action, detail)

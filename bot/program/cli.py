@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import logging
 import sys
@@ -19,12 +18,13 @@ from typing import Awaitable, Callable, Sequence
 
 from agent.memory import Session
 from agent.traces import render_trace
-from bot.config import ConfigError, Settings
-from bot.evaluation import copy_database, evaluate, load_cases, summary
-from bot.logs import add_secrets, configure_logging, redact_token_shapes
-from bot.mcp_reports import added_text, servers_text
-from bot.services import mcp_hub, open_settings_database, start_services
-from bot.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
+from bot.program.audit import audit
+from bot.program.config import ConfigError, Settings
+from bot.program.evaluation import copy_database, evaluate, load_cases, summary
+from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
+from bot.program.mcp_reports import added_text, servers_text
+from bot.program.services import mcp_hub, open_settings_database, start_services
+from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from db import BotError, Database
 from tools import build_registry
 from tools.errors import McpConfigError
@@ -82,12 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `qwenbot` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "doctor":  # reports a bad setting as one of its checks, with the others
-        from bot.doctor import doctor_main
+        from bot.program.doctor import doctor_main
 
         return doctor_main()
     try:
         settings = Settings.from_env()
-        configure_logging(settings.log_level, secrets=[settings.telegram_bot_token, settings.openai_api_key])
+        configure_logging(settings.logging.log_level,
+                          secrets=[settings.telegram.telegram_bot_token, settings.openai.openai_api_key])
         return COMMANDS[args.command](settings, args)
     except USER_ERRORS as error:
         # A token pasted into the wrong variable may be part of the message (a path, say): never show it.
@@ -111,7 +112,7 @@ def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
         for name in db.applied:
             print(f"applied {name}")
         if not db.applied:
-            print(f"{settings.database_path} is up to date")
+            print(f"{settings.storage.database_path} is up to date")
         return 0
     return run_async(job)
 
@@ -129,7 +130,6 @@ def tools_command(settings: Settings, args: argparse.Namespace) -> int:
 
 def mcp_command(settings: Settings, args: argparse.Namespace) -> int:
     """List, add or delete MCP servers; a running bot sees an added server at /mcp_refresh NAME or its restart."""
-    from bot.access import audit  # here: the other terminal commands do not need python-telegram-bot
 
     async def job(db: Database, hub: McpHub) -> int:
         if args.action == "list":
@@ -152,9 +152,9 @@ def with_mcp(settings: Settings, job: Callable[[Database, McpHub], Awaitable[int
     """Run `job` on the database and an MCP hub holding every tool (MCP ones as last listed; nothing connects
     unless the job asks to)."""
     async def run() -> int:
-        config = read_config(settings.mcp_config_path)  # a broken file stops here, before the database opens
+        config = read_config(settings.mcp.mcp_config_path)  # a broken file stops here, before the database opens
         db = await open_settings_database(settings)
-        hub = mcp_hub(settings, db, build_registry(db, settings.tool_timeout_seconds), config)
+        hub = mcp_hub(settings, db, build_registry(db, settings.tools.tool_timeout_seconds), config)
         try:
             await hub.start(connect=False)
             return await job(db, hub)
@@ -184,13 +184,13 @@ def ask_command(settings: Settings, args: argparse.Namespace) -> int:
 def eval_command(settings: Settings, args: argparse.Namespace) -> int:
     """Run a question set through the real agent, on a copy of the database; print the score and the failures."""
     cases = load_cases(args.file)
-    timeout = args.turn_timeout or settings.turn_timeout_seconds
+    timeout = args.turn_timeout or settings.agent.turn_timeout_seconds
 
     async def job() -> int:
         with tempfile.TemporaryDirectory() as folder:
             copy = Path(folder) / "eval.sqlite3"
-            await asyncio.to_thread(copy_database, settings.database_path, copy)
-            run = dataclasses.replace(settings, database_path=copy, turn_timeout_seconds=timeout)
+            await asyncio.to_thread(copy_database, settings.storage.database_path, copy)
+            run = settings.replaced(database_path=copy, turn_timeout_seconds=timeout)
             services = await start_services(run)
             try:
                 report = await evaluate(services.agent, cases)
@@ -206,9 +206,10 @@ def eval_command(settings: Settings, args: argparse.Namespace) -> int:
 
 def evaluated(settings: Settings) -> dict[str, object]:
     """What a run evaluated, for its report: the model and how it was driven."""
-    model = settings.openai_model or settings.model if settings.llm_backend == "openai" else settings.model
-    return {"model": model, "backend": settings.llm_backend, "mode": settings.agent_mode,
-            "constrained": settings.constrained_decoding, "require_tool_call": settings.require_tool_call}
+    backend, agent = settings.model.llm_backend, settings.agent
+    model = settings.openai.openai_model or settings.model.model if backend == "openai" else settings.model.model
+    return {"model": model, "backend": backend, "mode": agent.agent_mode,
+            "constrained": agent.constrained_decoding, "require_tool_call": agent.require_tool_call}
 
 
 def chat_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -236,7 +237,7 @@ def run_command(settings: Settings, args: argparse.Namespace) -> int:
     # Imported here: the terminal commands do not need python-telegram-bot.
     from telegram.error import InvalidToken, TelegramError
 
-    from bot.app import run
+    from bot.telegram.app import run
 
     settings.require_telegram_token()
     try:
@@ -244,7 +245,7 @@ def run_command(settings: Settings, args: argparse.Namespace) -> int:
     except InvalidToken:
         raise ConfigError("Telegram refused TELEGRAM_BOT_TOKEN: check it with @BotFather") from None
     except TelegramError as error:
-        raise ConnectionError(f"cannot talk to Telegram at {settings.telegram_base_url}: {error}") from None
+        raise ConnectionError(f"cannot talk to Telegram at {settings.telegram.telegram_base_url}: {error}") from None
     return 0
 
 

@@ -9,11 +9,11 @@ from telegram import Message, ReplyParameters, Update
 from telegram.error import TelegramError
 
 from agent.memory import Session
-from bot.access import GROUP_TYPES
-from bot.context import BotContext
-from bot.i18n import language, text
-from bot.ratelimit import SPARE_ONLY, NoSpareCapacity
-from bot.replies import send_text
+from bot.telegram.access import GROUP_TYPES
+from bot.telegram.context import BotContext
+from bot.telegram.i18n import language, text
+from bot.telegram.ratelimit import SPARE_ONLY, NoSpareCapacity
+from bot.telegram.replies import send_text
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ async def allowed(update: Update, context: BotContext) -> bool:
 async def refuse(update: Update, context: BotContext, lead: str = "") -> None:
     """Tell a sender without access their id and how to get access, after `lead` (e.g. the /start text).
 
-    Once per REFUSAL_INTERVAL_SECONDS per sender, and only with spare sending capacity (bot/ratelimit.py): a
+    Once per REFUSAL_INTERVAL_SECONDS per sender, and only with spare sending capacity (bot/telegram/ratelimit.py): a
     stranger's flood costs one message, and never delays an answer. A message with no sender (a channel writing
     in a group) has no id to give: it gets `lead` alone, if anything, under the same rule for its channel.
     """

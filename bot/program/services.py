@@ -17,8 +17,8 @@ from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
 from agent.options import ChatOptions
 from agent.tokens import qwen_token_counter
-from bot.config import Settings
-from bot.logs import add_secrets
+from bot.program.config import Settings
+from bot.program.logs import add_secrets
 from db import Database, DatabaseOpenError, open_database
 from tools import build_registry
 from tools.courses import CourseCatalog
@@ -57,8 +57,8 @@ class Services:
 async def open_settings_database(settings: Settings) -> Database:
     """The database at DATABASE_PATH; a path that cannot be used is reported naming the variable."""
     with naming_database_path():
-        return await open_database(settings.database_path,
-                                   busy_timeout_seconds=settings.database_busy_timeout_seconds)
+        return await open_database(settings.storage.database_path,
+                                   busy_timeout_seconds=settings.storage.database_busy_timeout_seconds)
 
 
 @contextmanager
@@ -74,7 +74,7 @@ def naming_database_path() -> Iterator[None]:
 async def start_services(settings: Settings, llm: LLM | None = None) -> Services:
     """Open the database, start the model (`llm`, or the configured backend), build the agent; MCP servers connect
     in the background (their last known tools are registered at once)."""
-    mcp_config = read_config(settings.mcp_config_path)  # a broken file stops the start, before anything opens
+    mcp_config = read_config(settings.mcp.mcp_config_path)  # a broken file stops the start, before anything opens
     db = await open_settings_database(settings)
     log.info("database %s", db.path)
     try:
@@ -85,7 +85,7 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
         await db.close()
         raise
     catalog = CourseCatalog(db)
-    registry = build_registry(db, settings.tool_timeout_seconds, settings.course_names_free_text)
+    registry = build_registry(db, settings.tools.tool_timeout_seconds, settings.tools.course_names_free_text)
     mcp = mcp_hub(settings, db, registry, mcp_config)
     try:
         await mcp.start()
@@ -103,58 +103,77 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
 
 def mcp_hub(settings: Settings, db: Database, registry: ToolRegistry, config: list | None = None) -> McpHub:
     """The MCP hub for `settings` (the config file read unless `config` is given), not started yet."""
-    limits = McpLimits(settings.mcp_connect_timeout_seconds, settings.mcp_retry_seconds,
-                       settings.mcp_max_tools_per_server, settings.mcp_description_max_chars)
-    return McpHub(db, registry, config=read_config(settings.mcp_config_path) if config is None else config,
-                  limits=limits)
+    mcp = settings.mcp
+    limits = McpLimits(connect_timeout_seconds=mcp.mcp_connect_timeout_seconds, retry_seconds=mcp.mcp_retry_seconds,
+                       max_tools_per_server=mcp.mcp_max_tools_per_server,
+                       description_max_chars=mcp.mcp_description_max_chars)
+    return McpHub(db, registry, config=read_config(mcp.mcp_config_path) if config is None else config, limits=limits)
 
 
 def agent_limits(settings: Settings) -> AgentLimits:
     """The agent's limits and decoding rules from MAX_STEPS, MAX_NEW_TOKENS, CONSTRAINED_DECODING and the rest."""
-    grammar = GrammarLimits(settings.thought_max_tokens, settings.tool_string_max_chars)
-    return AgentLimits(settings.max_steps, settings.max_new_tokens, settings.history_token_budget,
-                       settings.observation_max_chars, settings.turn_timeout_seconds, settings.agent_mode,
-                       settings.react_layout, grammar if settings.constrained_decoding else None,
-                       settings.require_tool_call)
+    agent = settings.agent
+    grammar = GrammarLimits(thought_max_tokens=agent.thought_max_tokens, string_max_chars=agent.tool_string_max_chars)
+    return AgentLimits(max_steps=agent.max_steps, max_new_tokens=agent.max_new_tokens,
+                       history_token_budget=agent.history_token_budget,
+                       observation_max_chars=agent.observation_max_chars,
+                       turn_timeout_seconds=agent.turn_timeout_seconds, mode=agent.agent_mode,
+                       react_layout=agent.react_layout, grammar=grammar if agent.constrained_decoding else None,
+                       require_tool_call=agent.require_tool_call)
 
 
 def build_llm(settings: Settings) -> LLM:
     """The backend LLM_BACKEND names; nothing loads or connects until `start()`, and heavy imports happen only
     for the backend chosen."""
-    if settings.llm_backend == "local":
-        from agent.llm.drafts import DraftLimits
-        from agent.llm.local import LocalLLM
-
-        return LocalLLM(settings.model, device_map=settings.model_device_map, dtype=settings.model_dtype,
-                        batch_size=settings.batch_size, batch_wait_ms=settings.batch_wait_ms,
-                        converted_dir=settings.model_converted_dir, prefix_cache_mb=settings.prefix_cache_mb,
-                        base_dir=settings.data_dir, cache_dir=settings.model_cache_dir,
-                        native_tools=settings.agent_mode == "native",
-                        drafts=DraftLimits(settings.speculative_tokens, settings.speculative_step_tokens))
-    if settings.llm_backend == "openai":
-        from agent.llm.openai import OpenAILLM
-
-        from agent.llm.openai_stream import StreamLimits
-
-        limits = StreamLimits(settings.openai_connect_timeout_seconds, settings.openai_first_token_seconds,
-                              settings.openai_silence_seconds)
-        return OpenAILLM(base_url=settings.openai_base_url, model=settings.openai_model or settings.model,
-                         api_key=settings.openai_api_key, limits=limits,
-                         startup_seconds=settings.openai_startup_seconds, max_retries=settings.openai_max_retries,
-                         count_tokens=qwen_token_counter(settings.tokenizer_vocab_path),
-                         grammar=settings.openai_grammar)
+    model = settings.model
+    if model.llm_backend == "local":
+        return local_llm(settings)
+    if model.llm_backend == "openai":
+        return openai_llm(settings)
     from agent.llm.scripted import ScriptedLLM
 
-    return ScriptedLLM.from_file(settings.scripted_replies_path, delay=settings.scripted_delay_seconds,
-                                 token_seconds=settings.scripted_token_seconds,
-                                 count_tokens=qwen_token_counter(settings.tokenizer_vocab_path))
+    scripted = settings.scripted
+    return ScriptedLLM.from_file(scripted.scripted_replies_path, delay=scripted.scripted_delay_seconds,
+                                 token_seconds=scripted.scripted_token_seconds,
+                                 count_tokens=qwen_token_counter(model.tokenizer_vocab_path))
+
+
+def local_llm(settings: Settings) -> LLM:
+    """The local engine, from the model and engine groups (LLM_BACKEND=local)."""
+    from agent.llm.drafts import DraftLimits
+    from agent.llm.local import LocalLLM
+
+    model, engine = settings.model, settings.engine
+    drafts = DraftLimits(per_row=engine.speculative_tokens, per_step=engine.speculative_step_tokens)
+    return LocalLLM(model.model, device_map=model.model_device_map, dtype=model.model_dtype,
+                    batch_size=engine.batch_size, batch_wait_ms=engine.batch_wait_ms,
+                    converted_dir=model.model_converted_dir, prefix_cache_mb=engine.prefix_cache_mb,
+                    base_dir=settings.storage.data_dir, cache_dir=model.model_cache_dir,
+                    native_tools=settings.agent.agent_mode == "native", drafts=drafts)
+
+
+def openai_llm(settings: Settings) -> LLM:
+    """The client of an OpenAI-compatible server, from the openai group (LLM_BACKEND=openai)."""
+    from agent.llm.openai import OpenAILLM
+    from agent.llm.openai_stream import StreamLimits
+
+    openai = settings.openai
+    limits = StreamLimits(connect_seconds=openai.openai_connect_timeout_seconds,
+                          first_token_seconds=openai.openai_first_token_seconds,
+                          silence_seconds=openai.openai_silence_seconds)
+    return OpenAILLM(base_url=openai.openai_base_url, model=openai.openai_model or settings.model.model,
+                     api_key=openai.openai_api_key, limits=limits, startup_seconds=openai.openai_startup_seconds,
+                     max_retries=openai.openai_max_retries,
+                     count_tokens=qwen_token_counter(settings.model.tokenizer_vocab_path),
+                     grammar=openai.openai_grammar)
 
 
 def describe_model(settings: Settings, llm: LLM) -> str:
     """Which model runs, and where it comes from, for the start-up log (a server's URL without credentials)."""
     url = getattr(llm, "url", None)
     if url is not None:
-        return f"{getattr(llm, 'model', settings.model)} on the server at {url}"
+        return f"{getattr(llm, 'model', settings.model.model)} on the server at {url}"
     if llm.name == "local":
-        return f"{settings.model} (local; relative paths in {settings.data_dir}, hub cache {settings.model_cache_dir})"
+        return (f"{settings.model.model} (local; relative paths in {settings.storage.data_dir}, "
+                f"hub cache {settings.model.model_cache_dir})")
     return f"{llm.name} backend"

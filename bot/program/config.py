@@ -1,0 +1,395 @@
+"""Settings: every knob of the bot, read once from the environment (and `.env`), in groups by component.
+
+    settings.telegram.telegram_bot_token     TELEGRAM_BOT_TOKEN
+    settings.agent.max_steps                 MAX_STEPS
+
+`Settings` is one frozen object made of small frozen groups (telegram, webhook, access, storage, model, engine,
+openai, scripted, agent, tools, turns, streaming, mcp, logging, doctor), each the one place of its defaults. A
+field is named as its variable in lower case, so the variables never changed with the grouping and a grep for
+either finds both. Where a component of `agent/` or `tools/` has a limits class (`AgentLimits`, `GrammarLimits`,
+`DraftLimits`, `StreamLimits`, `McpLimits`) or a named default, the group takes its default from there, so each
+default is written once; bot/program/services.py builds those classes from the groups by keyword.
+
+Each variable is mirrored, with its default and an explanation, in `.env.example`, in one section per group.
+Tests build settings with `Settings.of(max_steps=3, …)` (flat keywords, named as the fields), `settings.replaced(…)`,
+or `Settings.from_env({...})` with an explicit mapping.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping, get_type_hints
+
+from dotenv import load_dotenv
+
+from agent.grammar import GrammarLimits
+from agent.llm.base import MODEL_DTYPES
+from agent.llm.drafts import DraftLimits
+from agent.llm.openai_stream import StreamLimits
+from agent.loop import AgentLimits
+from agent.prompts import REACT_LAYOUTS
+from bot.program.env import ConfigError, not_negative, one_of, parse, positive, shown
+from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
+from db.connection import BUSY_TIMEOUT_SECONDS
+from tools.mcp import McpLimits
+from tools.registry import TOOL_TIMEOUT_SECONDS
+
+__all__ = ["ConfigError", "Settings"]
+
+LLM_BACKENDS = ("local", "openai", "scripted")
+AGENT_MODES = ("react", "native")
+OPENAI_GRAMMARS = ("off", "vllm", "sglang", "llama.cpp")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Settings that no longer exist, and what replaced them: a .env that still sets one is told, not silently ignored.
+RETIRED = {
+    "OPENAI_TIMEOUT_SECONDS": "the openai backend now has OPENAI_CONNECT_TIMEOUT_SECONDS, OPENAI_FIRST_TOKEN_SECONDS "
+                              "and OPENAI_SILENCE_SECONDS instead of one deadline per call",
+}
+
+
+@dataclass(frozen=True)
+class TelegramSettings:
+    """Which bot, at which Bot API server, and how fast it may send there."""
+
+    telegram_bot_token: str = ""
+    telegram_base_url: str = "https://api.telegram.org/bot"
+    telegram_messages_per_second: float = 30.0
+    telegram_group_messages_per_minute: float = 20.0
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Webhook mode (WEBHOOK_URL set) instead of long polling."""
+
+    webhook_url: str = ""
+    webhook_listen: str = "127.0.0.1"
+    webhook_port: int = 8443
+    webhook_secret_token: str = ""
+    webhook_max_body_bytes: int = 1_048_576
+
+    def validate(self) -> None:
+        """Refuse a port or body limit that cannot work."""
+        if self.webhook_port > 65535:
+            raise ConfigError(f"WEBHOOK_PORT must be at most 65535, got {self.webhook_port}")
+        positive(self, ("webhook_port", "webhook_max_body_bytes"))
+
+
+@dataclass(frozen=True)
+class AccessSettings:
+    """Who may talk to the bot, who is an admin, and how often a stranger is told no."""
+
+    admin_user_ids: frozenset[int] = field(default_factory=frozenset)
+    allowed_user_ids: frozenset[int] = field(default_factory=frozenset)
+    allowed_chat_ids: frozenset[int] = field(default_factory=frozenset)
+    refusal_interval_seconds: float = 3600.0
+
+    def validate(self) -> None:
+        """Refuse a negative refusal interval."""
+        not_negative(self, ("refusal_interval_seconds",))
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    """The data directory and the database in it. Relative paths are taken inside DATA_DIR here."""
+
+    data_dir: Path = field(default_factory=default_data_dir)
+    database_path: Path = Path("bot.sqlite3")
+    database_busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS
+    database_check_seconds: float = 2.0
+    instance_lock_wait_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        """Make DATA_DIR and the database path absolute, so neither depends on the folder `qwenbot` runs in."""
+        data_dir = self.data_dir.expanduser()
+        if not data_dir.is_absolute():
+            raise ConfigError(f"DATA_DIR must be an absolute path, got {shown(str(self.data_dir))}")
+        object.__setattr__(self, "data_dir", data_dir)
+        if (old := moved_database(data_dir, self.database_path)) is not None:
+            raise ConfigError(f"DATABASE_PATH is now relative to DATA_DIR ({data_dir}), so {self.database_path} "
+                              f"no longer names your database {old}: set DATABASE_PATH={old.relative_to(data_dir)}")
+        object.__setattr__(self, "database_path", under(data_dir, self.database_path))
+
+    def validate(self) -> None:
+        """Refuse check intervals and waits that make no sense."""
+        positive(self, ("database_check_seconds",))
+        not_negative(self, ("instance_lock_wait_seconds",))
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Which model answers, through which backend, and where its files are kept."""
+
+    llm_backend: str = "local"
+    model: str = "Qwen/Qwen2.5-1.5B-Instruct"
+    model_device_map: str = "auto"
+    model_dtype: str = "auto"
+    model_cache_dir: Path = Path("models")
+    model_converted_dir: Path = Path("converted-models")
+    tokenizer_vocab_path: Path = Path("qwen.tiktoken")
+
+    def validate(self) -> None:
+        """Refuse a backend or dtype the bot does not have."""
+        one_of("LLM_BACKEND", self.llm_backend, LLM_BACKENDS)
+        one_of("MODEL_DTYPE", self.model_dtype, MODEL_DTYPES)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The local engine: batches, the prefix store, speculative tokens (the local backend only)."""
+
+    batch_size: int = 8
+    batch_wait_ms: int = 20
+    prefix_cache_mb: int = 512
+    speculative_tokens: int = DraftLimits.per_row
+    speculative_step_tokens: int = DraftLimits.per_step
+
+    def validate(self) -> None:
+        """Refuse an empty batch and negative sizes."""
+        positive(self, ("batch_size",))
+        not_negative(self, ("batch_wait_ms", "prefix_cache_mb", "speculative_tokens", "speculative_step_tokens"))
+
+
+@dataclass(frozen=True)
+class OpenAISettings:
+    """The OpenAI-compatible server of the openai backend, and how long to wait for it."""
+
+    openai_base_url: str = "http://127.0.0.1:8000/v1"
+    openai_api_key: str = "EMPTY"
+    openai_model: str = ""
+    openai_connect_timeout_seconds: float = StreamLimits.connect_seconds
+    openai_first_token_seconds: float = StreamLimits.first_token_seconds
+    openai_silence_seconds: float = StreamLimits.silence_seconds
+    openai_startup_seconds: float = 60.0
+    openai_max_retries: int = 3
+    openai_grammar: str = "off"
+
+    def validate(self) -> None:
+        """Refuse deadlines that are not positive, negative retries, an unknown grammar dialect."""
+        one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
+        positive(self, ("openai_connect_timeout_seconds", "openai_first_token_seconds", "openai_silence_seconds",
+                        "openai_startup_seconds"))
+        not_negative(self, ("openai_max_retries",))
+
+
+@dataclass(frozen=True)
+class ScriptedSettings:
+    """The scripted backend (tests and demos): replies replayed from a file."""
+
+    scripted_replies_path: str = ""
+    scripted_delay_seconds: float = 0.0
+    scripted_token_seconds: float = 0.0
+
+    def validate(self) -> None:
+        """Refuse negative delays."""
+        not_negative(self, ("scripted_delay_seconds", "scripted_token_seconds"))
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """The agent's loop and decoding rules; defaults from `AgentLimits` and `GrammarLimits` (agent/)."""
+
+    agent_mode: str = AgentLimits.mode
+    react_layout: str = AgentLimits.react_layout
+    max_steps: int = AgentLimits.max_steps
+    max_new_tokens: int = AgentLimits.max_new_tokens
+    constrained_decoding: bool = AgentLimits.grammar is not None
+    thought_max_tokens: int = GrammarLimits.thought_max_tokens
+    tool_string_max_chars: int = GrammarLimits.string_max_chars
+    require_tool_call: bool = AgentLimits.require_tool_call
+    history_token_budget: int = AgentLimits.history_token_budget
+    observation_max_chars: int = AgentLimits.observation_max_chars
+    turn_timeout_seconds: float = AgentLimits.turn_timeout_seconds
+
+    def validate(self) -> None:
+        """Refuse an unknown mode or layout, and limits that are not positive."""
+        one_of("AGENT_MODE", self.agent_mode, AGENT_MODES)
+        one_of("REACT_LAYOUT", self.react_layout, REACT_LAYOUTS)
+        positive(self, ("max_steps", "max_new_tokens", "thought_max_tokens", "tool_string_max_chars",
+                        "history_token_budget", "observation_max_chars", "turn_timeout_seconds"))
+
+
+@dataclass(frozen=True)
+class ToolsSettings:
+    """The built-in tools: their time limit and how course names are taken."""
+
+    course_names_free_text: bool = False
+    tool_timeout_seconds: float = TOOL_TIMEOUT_SECONDS
+
+    def validate(self) -> None:
+        """Refuse a time limit that is not positive."""
+        positive(self, ("tool_timeout_seconds",))
+
+
+@dataclass(frozen=True)
+class TurnsSettings:
+    """A question's way through: how many may wait, how long it may be, how its answer is delivered, and how
+    long running turns get at shutdown."""
+
+    max_pending_questions: int = 10
+    max_question_chars: int = 4096
+    shutdown_grace_seconds: float = 10.0
+    send_patience_seconds: float = 30.0
+    answer_resend_seconds: float = 60.0
+
+    def validate(self) -> None:
+        """Refuse limits and waits that are not positive."""
+        positive(self, ("max_pending_questions", "max_question_chars", "send_patience_seconds",
+                        "answer_resend_seconds"))
+
+
+@dataclass(frozen=True)
+class StreamingSettings:
+    """What a user sees while a turn runs: typing, the progress line, the answer streamed."""
+
+    progress_after_seconds: float = 2.0
+    typing_interval_seconds: float = 4.0
+    stream_interval_seconds: float = 1.0
+    group_stream_interval_seconds: float = 3.0
+
+    def validate(self) -> None:
+        """Refuse intervals that are not positive."""
+        positive(self, ("typing_interval_seconds", "stream_interval_seconds", "group_stream_interval_seconds"))
+
+
+@dataclass(frozen=True)
+class McpSettings:
+    """MCP servers: the config file, and the limits of `McpLimits` (tools/mcp.py) for their defaults."""
+
+    mcp_config_path: str = ""
+    mcp_connect_timeout_seconds: float = McpLimits.connect_timeout_seconds
+    mcp_retry_seconds: float = McpLimits.retry_seconds
+    mcp_max_tools_per_server: int = McpLimits.max_tools_per_server
+    mcp_description_max_chars: int = McpLimits.description_max_chars
+
+    def validate(self) -> None:
+        """Refuse limits that are not positive, and a negative retry pause."""
+        positive(self, ("mcp_connect_timeout_seconds", "mcp_max_tools_per_server", "mcp_description_max_chars"))
+        not_negative(self, ("mcp_retry_seconds",))
+
+
+@dataclass(frozen=True)
+class LoggingSettings:
+    """How much the log says."""
+
+    log_level: str = "INFO"
+
+    def validate(self) -> None:
+        """logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here."""
+        one_of("LOG_LEVEL", self.log_level.upper(), LOG_LEVELS)
+
+
+@dataclass(frozen=True)
+class DoctorSettings:
+    """`qwenbot doctor`'s thresholds."""
+
+    doctor_min_free_disk_mb: int = 2000
+    doctor_timeout_seconds: float = 10.0
+
+    def validate(self) -> None:
+        """Refuse a negative disk threshold and a timeout that is not positive."""
+        not_negative(self, ("doctor_min_free_disk_mb",))
+        positive(self, ("doctor_timeout_seconds",))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The bot's configuration: one group per component. Field `foo_bar` of a group is read from `FOO_BAR`."""
+
+    telegram: TelegramSettings = field(default_factory=TelegramSettings)
+    webhook: WebhookSettings = field(default_factory=WebhookSettings)
+    access: AccessSettings = field(default_factory=AccessSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    openai: OpenAISettings = field(default_factory=OpenAISettings)
+    scripted: ScriptedSettings = field(default_factory=ScriptedSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    tools: ToolsSettings = field(default_factory=ToolsSettings)
+    turns: TurnsSettings = field(default_factory=TurnsSettings)
+    streaming: StreamingSettings = field(default_factory=StreamingSettings)
+    mcp: McpSettings = field(default_factory=McpSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    doctor: DoctorSettings = field(default_factory=DoctorSettings)
+
+    def __post_init__(self) -> None:
+        """Take the model's files and the MCP config file inside DATA_DIR, as the database is (StorageSettings)."""
+        data_dir = self.storage.data_dir
+        model = self.model
+        object.__setattr__(self, "model", replace(
+            model, model_cache_dir=under(data_dir, model.model_cache_dir),
+            model_converted_dir=under(data_dir, model.model_converted_dir),
+            tokenizer_vocab_path=under(data_dir, model.tokenizer_vocab_path)))
+        if self.mcp.mcp_config_path:  # empty: no file
+            object.__setattr__(self, "mcp", replace(
+                self.mcp, mcp_config_path=str(under(data_dir, Path(self.mcp.mcp_config_path)))))
+
+    @classmethod
+    def of(cls, **values: Any) -> "Settings":
+        """Settings from flat keywords named as the fields (`Settings.of(max_steps=3, data_dir=…)`), the rest
+        defaults; a name that is no setting is a TypeError, as a wrong keyword is."""
+        return cls()._with(values, defaults=True)
+
+    def replaced(self, **values: Any) -> "Settings":
+        """These settings with the fields named in `values` (flat, as in `of`) changed."""
+        return self._with(values, defaults=False)
+
+    def _with(self, values: dict[str, Any], defaults: bool) -> "Settings":
+        unknown = set(values) - set(_GROUP_OF)
+        if unknown:
+            raise TypeError(f"no such setting: {', '.join(sorted(unknown))}")
+        groups = {}
+        for spec in fields(self):
+            mine = {name: value for name, value in values.items() if _GROUP_OF[name] == spec.name}
+            if defaults:
+                groups[spec.name] = _GROUPS[spec.name](**mine)
+            else:
+                groups[spec.name] = replace(getattr(self, spec.name), **mine) if mine else getattr(self, spec.name)
+        return Settings(**groups)
+
+    @classmethod
+    def variables(cls) -> list[str]:
+        """Every variable read, group by group, in the order of `.env.example`."""
+        return [name.upper() for name in _GROUP_OF]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, dotenv: bool = True) -> "Settings":
+        """Read settings from `environ` (default: the process environment, after loading `.env`)."""
+        if environ is None:
+            if dotenv:
+                load_dotenv(dotenv_file())
+            environ = os.environ
+        _refuse_retired(environ)
+        values: dict[str, Any] = {}
+        for name, type_name in _TYPES.items():
+            raw = environ.get(name.upper())
+            if raw is not None and raw.strip() != "":
+                values[name] = parse(name, type_name, raw.strip())
+        settings = cls.of(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Refuse values that parse but make no sense, naming the variable (each group checks its own)."""
+        for spec in fields(self):
+            check = getattr(getattr(self, spec.name), "validate", None)
+            if check is not None:
+                check()
+
+    def require_telegram_token(self) -> None:
+        """`qwenbot run` cannot start without a token; say so in one line."""
+        if not self.telegram.telegram_bot_token:
+            raise ConfigError("TELEGRAM_BOT_TOKEN is not set: create a bot with @BotFather and put its token in .env")
+
+
+_GROUPS: dict[str, type] = get_type_hints(Settings)  # group name → its class
+# Each field's group, and its type as annotated (the parsers in bot/program/env.py go by it), in variable order.
+_GROUP_OF: dict[str, str] = {spec.name: group for group, cls in _GROUPS.items() for spec in fields(cls)}
+_TYPES: dict[str, str] = {spec.name: str(spec.type) for cls in _GROUPS.values() for spec in fields(cls)}
+
+
+def _refuse_retired(environ: Mapping[str, str]) -> None:
+    for name, replacement in RETIRED.items():
+        if str(environ.get(name) or "").strip():
+            raise ConfigError(f"{name} is no longer read: {replacement} (see .env.example)")
