@@ -15,7 +15,7 @@ from dotenv import load_dotenv
 
 from agent.grammar import GrammarLimits
 from agent.llm.base import MODEL_DTYPES
-from agent.llm.drafts import DraftLimits
+from agent.llm.engine.speculative import SpeculativeLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
 from bot.ids import IdError, parse_chat_id, parse_user_id
@@ -64,8 +64,8 @@ class Settings:
     model_cache_dir: Path = Path("models")
     model_converted_dir: Path = Path("converted-models")
     prefix_cache_mb: int = 512
-    speculative_tokens: int = DraftLimits.per_row
-    speculative_step_tokens: int = DraftLimits.per_step
+    speculative_tokens: int = SpeculativeLimits.per_row
+    speculative_step_tokens: int = SpeculativeLimits.per_step
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: str = "EMPTY"
     openai_model: str = ""

@@ -218,7 +218,7 @@ async def check_model(settings: Settings) -> list[Check]:
 
 def check_local_model(settings: Settings) -> list[Check]:
     """Find MODEL, load its config and tokenizer (not the weights), render a chat, and tools in native mode."""
-    from agent.llm.local import load_options, resolve_model
+    from agent.llm.engine.loading import load_options, resolve_model
 
     try:
         source = resolve_model(settings.model, settings.data_dir)

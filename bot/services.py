@@ -122,7 +122,7 @@ def build_llm(settings: Settings) -> LLM:
     """The backend LLM_BACKEND names; nothing loads or connects until `start()`, and heavy imports happen only
     for the backend chosen."""
     if settings.llm_backend == "local":
-        from agent.llm.drafts import DraftLimits
+        from agent.llm.engine.speculative import SpeculativeLimits
         from agent.llm.local import LocalLLM
 
         return LocalLLM(settings.model, device_map=settings.model_device_map, dtype=settings.model_dtype,
@@ -130,7 +130,7 @@ def build_llm(settings: Settings) -> LLM:
                         converted_dir=settings.model_converted_dir, prefix_cache_mb=settings.prefix_cache_mb,
                         base_dir=settings.data_dir, cache_dir=settings.model_cache_dir,
                         native_tools=settings.agent_mode == "native",
-                        drafts=DraftLimits(settings.speculative_tokens, settings.speculative_step_tokens))
+                        speculative=SpeculativeLimits(settings.speculative_tokens, settings.speculative_step_tokens))
     if settings.llm_backend == "openai":
         from agent.llm.openai import OpenAILLM
 

@@ -22,8 +22,9 @@ import pytest_asyncio
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory, ModelLoadError
 from agent.llm.base import CancelToken, Completion
-from agent.llm.batching import APART_PASS_TOKENS, lay_out, rows_to_prefill_apart, shared_prefix_length
-from agent.llm.local import LocalLLM, cpu_has_native_bf16
+from agent.llm.engine.batch import APART_PASS_TOKENS, lay_out, rows_to_prefill_apart, shared_prefix_length
+from agent.llm.engine.loading import cpu_has_native_bf16
+from agent.llm.local import LocalLLM
 from tests.real_model import GGUF, real_model_test, started_local_llm, worker_log_watched
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +138,7 @@ async def test_batched_greedy_outputs_equal_the_same_requests_alone(llm: LocalLL
         dict(messages=SKY, max_new_tokens=24, stop=["Observation:"]),
     ]
     alone = [await llm.complete(**call) for call in calls]
-    with caplog.at_level(logging.DEBUG, logger="agent.llm.worker"):
+    with caplog.at_level(logging.DEBUG, logger="agent.llm.engine.model_thread"):
         together = await run_as_one_batch(llm, *calls)
     assert "generating a batch of 4" in caplog.text
     assert together == alone
@@ -151,7 +152,7 @@ async def test_rows_sharing_a_long_prompt_prefix_still_equal_their_runs_alone(ll
     calls = [dict(messages=[{"role": "system", "content": rules}, *question], max_new_tokens=8, stop=["\n"])
              for question in (FRANCE, HAIKU, FRUITS, SKY)]
     alone = [await llm.complete(**call) for call in calls]
-    with caplog.at_level(logging.DEBUG, logger="agent.llm.batching"):
+    with caplog.at_level(logging.DEBUG, logger="agent.llm.engine.batch"):
         together = await run_as_one_batch(llm, *calls)
     shared = re.search(r"batch of 4: reused \((\d+), (\d+), (\d+), (\d+)\) prompt tokens", caplog.text)
     assert shared and all(int(reused) > 80 for reused in shared.groups())  # the shared prefix, computed once
@@ -165,7 +166,7 @@ async def test_requests_arriving_a_few_ms_apart_share_one_batch(llm: LocalLLM, c
         await asyncio.sleep(0.005)
         return await call
 
-    with caplog.at_level(logging.DEBUG, logger="agent.llm.worker"):
+    with caplog.at_level(logging.DEBUG, logger="agent.llm.engine.model_thread"):
         await asyncio.gather(llm.complete(FRANCE, max_new_tokens=2), later(llm.complete(HAIKU, max_new_tokens=2)))
     assert "generating a batch of 2" in caplog.text
 
@@ -396,7 +397,7 @@ def test_native_mode_on_a_template_that_ignores_tools_stops_at_start_in_one_line
 @real_model_test
 async def test_int8_loads_quantized_and_still_answers(caplog) -> None:
     backend = LocalLLM(str(GGUF), device_map="cpu", dtype="int8", batch_size=8)
-    with caplog.at_level(logging.INFO, logger="agent.llm.local"):
+    with caplog.at_level(logging.INFO, logger="agent.llm"):
         await backend.start()
     try:
         reply = await backend.complete(FRANCE, max_new_tokens=12)

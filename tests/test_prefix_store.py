@@ -14,10 +14,11 @@ import pytest
 import pytest_asyncio
 import torch
 
-from agent.llm.batch_kv import batch_cache
-from agent.llm.batching import cache_argument, lay_out
-from agent.llm.local import LocalLLM, converted_folder, load_model, resolve_model
-from agent.llm.prefix_cache import Hit, PrefixCache
+from agent.llm.engine.kv_cache import batch_cache
+from agent.llm.engine.batch import cache_argument, lay_out
+from agent.llm.engine.loading import converted_folder, load_model, resolve_model
+from agent.llm.local import LocalLLM
+from agent.llm.engine.prefix_store import Hit, PrefixStore
 from agent.conversations import ReactConversation, TurnRules
 from tests.real_model import GGUF, real_model_test, worker_log_watched
 from tools.calculator import CALCULATOR
@@ -33,7 +34,7 @@ def kv(length: int, width: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
 # --- the store -------------------------------------------------------------------------------------------------
 
 def test_the_longest_shared_prefix_is_found_and_the_last_prompt_token_is_left_to_compute() -> None:
-    store = PrefixCache(budget_bytes=1 << 20)
+    store = PrefixStore(budget_bytes=1 << 20)
     store.put([1, 2, 3, 4, 5], kv(5))
     store.put([1, 2, 9], kv(3))
     assert store.longest([1, 2, 3, 7]).length == 3
@@ -45,7 +46,7 @@ def test_the_longest_shared_prefix_is_found_and_the_last_prompt_token_is_left_to
 
 
 def test_a_sequence_that_grows_replaces_its_own_prefix() -> None:
-    store = PrefixCache(budget_bytes=1 << 20)
+    store = PrefixStore(budget_bytes=1 << 20)
     store.put([1, 2, 3], kv(3))
     store.put([1, 2, 3, 4, 5], kv(5))
     store.put([1, 2, 3, 4, 5, 6, 7], kv(7))
@@ -54,7 +55,7 @@ def test_a_sequence_that_grows_replaces_its_own_prefix() -> None:
 
 def test_a_hundred_conversations_stay_within_the_budget_and_the_recent_ones_are_kept() -> None:
     one_entry = sum(k.nelement() * 4 + v.nelement() * 4 for k, v in kv(40))
-    store = PrefixCache(budget_bytes=10 * one_entry)
+    store = PrefixStore(budget_bytes=10 * one_entry)
     system = list(range(1000, 1030))
     for turn in range(100):
         first = system + [turn, turn + 1]
@@ -68,10 +69,10 @@ def test_a_hundred_conversations_stay_within_the_budget_and_the_recent_ones_are_
 
 
 def test_an_entry_larger_than_the_budget_is_not_kept_and_a_zero_budget_keeps_nothing() -> None:
-    store = PrefixCache(budget_bytes=100)
+    store = PrefixStore(budget_bytes=100)
     store.put(list(range(50)), kv(50))
     assert len(store) == 0
-    off = PrefixCache(budget_bytes=0)
+    off = PrefixStore(budget_bytes=0)
     off.put([1, 2, 3], kv(3))
     assert len(off) == 0 and off.longest([1, 2, 3, 4]).length == 0
 
@@ -152,7 +153,7 @@ async def test_a_chats_next_turn_computes_only_its_new_text_when_the_tools_lead_
 @real_model_test
 async def test_the_prefix_two_new_chats_share_is_computed_once_and_counted_once(backends) -> None:
     _, cached, _ = backends
-    cached._worker.prefix_cache = store = PrefixCache(64 << 20)  # nothing known yet
+    cached._thread.prefix_store = store = PrefixStore(64 << 20)  # nothing known yet
     questions = ("What is 2 + 2?", "What is 9 - 4?")
     first, second = await asyncio.gather(*(cached.complete(react_turn(q), stop=STOP, max_new_tokens=4)
                                            for q in questions))
@@ -188,7 +189,7 @@ async def test_chats_at_once_read_the_tools_prompt_once_a_step_and_answer_as_wit
 @real_model_test
 async def test_a_hundred_turns_keep_the_cache_within_its_budget(backends) -> None:
     _, cached, _ = backends
-    store = cached._worker.prefix_cache
+    store = cached._thread.prefix_store
     store.budget_bytes = 4 << 20  # a small budget, so that the soak really evicts
     for turn in range(100):
         first = [{"role": "user", "content": f"Question {turn}: what is {turn} plus {turn}?"}]
@@ -203,7 +204,7 @@ async def test_a_newcomer_joins_a_running_generation_instead_of_waiting_for_its_
     _, cached, _ = backends
     long = asyncio.create_task(cached.complete(
         [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], max_new_tokens=256))
-    while not cached._worker.prefix_cache.computed_tokens or not cached._worker._current:
+    while not cached._thread.prefix_store.computed_tokens or not cached._thread._current:
         await asyncio.sleep(0.05)  # until the long generation is under way
     short = await cached.complete([{"role": "user", "content": "Say hi."}], max_new_tokens=4)
     assert short.completion_tokens == 4
@@ -239,7 +240,7 @@ async def test_a_paused_row_resumes_from_its_own_kv_even_when_the_store_cannot_k
     full batch and make the next batch recompute its whole prompt. With a store too small for any row, the newcomer
     still joins and the resumed row computes only its last token."""
     plain, cached, _ = backends
-    store = cached._worker.prefix_cache = PrefixCache(budget_bytes=1024)  # less than one token's KV in 30 layers
+    store = cached._thread.prefix_store = PrefixStore(budget_bytes=1024)  # less than one token's KV in 30 layers
     story, question = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], \
         [{"role": "user", "content": "Say hi."}]
     story_alone = await plain.complete(story, max_new_tokens=48)

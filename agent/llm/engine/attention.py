@@ -1,5 +1,5 @@
-"""Attention on a CPU as matrix products over the KV cache: a decode step's one token per row, or a few (a
-verified draft, see drafts.py), and in bf16 the prompts too.
+"""Attention on a CPU as matrix products over the KV cache: a decode step's one token per row, or a few (its
+speculative tokens, see speculative.py), and in bf16 the prompts too.
 
 With the long ReAct prompts of this bot (~900-1,900 tokens of context per row) a decode step spends as much time in
 attention as in the linear layers: every row reads its whole KV cache. PyTorch's CPU `scaled_dot_product_attention`
@@ -52,7 +52,7 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     [batch, q, heads, dim]. `SHARED_COLUMNS` in `kwargs`: that many leading columns hold the same KV in every row,
     and every query sees them (a reused prefix, before any row's padding and the pass's own tokens)."""
     shared = kwargs.pop(SHARED_COLUMNS, 0)
-    if key.dtype != query.dtype:  # a cache kept in a narrower dtype than the model computes in (batch_kv.py)
+    if key.dtype != query.dtype:  # a cache kept in a narrower dtype than the model computes in (kv_cache.py)
         output, _ = decode_attention(module, query.to(key.dtype), key, value, attention_mask, scaling, dropout,
                                      **kwargs, **{SHARED_COLUMNS: shared})
         return output.to(query.dtype), None
@@ -168,7 +168,7 @@ def _prompt(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidde
 
 def _whole_room(states: torch.Tensor) -> torch.Tensor:
     """`states` ([batch, kv heads, length, dim]) widened to all the columns of the tensor it is a view of, where it
-    is the filled part of a batch cache's room (batch_kv.py's `RoomyLayer`); otherwise `states` itself.
+    is the filled part of a batch cache's room (kv_cache.py's `RoomyLayer`); otherwise `states` itself.
 
     oneDNN's bf16 batched product copies an input that is not contiguous, and the filled columns of a roomy cache
     are not (each row's room lies between them): 8 rows × 1,200 columns moved 480 MB a pass. The whole room is
@@ -246,7 +246,7 @@ def shared_prefix(model: Any, columns: int) -> dict[str, int]:
 
 def reads_shared_prefix(model: Any, kv_dtype: torch.dtype) -> bool:
     """Whether a decode step of `model` over a cache in `kv_dtype` reads shared columns once (not in bf16: see
-    `_short_query_over_shared`), so that finding them (batch_kv.py's `shared_columns`) is worth its read."""
+    `_short_query_over_shared`), so that finding them (kv_cache.py's `shared_columns`) is worth its read."""
     return _uses_decode_attention(model) and kv_dtype != torch.bfloat16
 
 

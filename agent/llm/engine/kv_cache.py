@@ -9,7 +9,7 @@ step needs more room, one copy every dozens of steps. Not the whole generation's
 attention reads the whole tensor, filled or not, when its spare columns are few (attention.py), and most replies
 end long before their token limit.
 
-Runs on the model thread only (see `worker.py`).
+Runs on the model thread only (see `model_thread.py`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agent.llm.prefix_cache import Hit
+from agent.llm.engine.prefix_store import Hit
 
 
-# Columns a layer's tensors grow by: a copy of the batch's KV every 128 columns (a dozen or more steps, drafts
-# included), and at most 128 spare columns for the decode attention to read (a tenth of a ReAct prompt's).
+# Columns a layer's tensors grow by: a copy of the batch's KV every 128 columns (a dozen or more steps, speculative
+# tokens included), and at most 128 spare columns for the decode attention to read (a tenth of a ReAct prompt's).
 GROWTH_COLUMNS = 128
-# A model attribute naming the dtype its batch caches hold KV in, where not its own (local.py: int8 on bf16 CPUs).
+# A model attribute naming the dtype its batch caches hold KV in, where not its own (weights.py: int8 on bf16 CPUs).
 KV_DTYPE = "qwenbot_kv_dtype"
 # Below this many columns the same in every row, the decode attention reads each row's own (`shared_columns`):
 # reading a short prefix once saves less than the split attention's extra products cost.
