@@ -87,7 +87,7 @@ class OpenAILLM(LLM):
         self.startup_seconds = startup_seconds
         self._api_key = api_key or "EMPTY"  # local servers ignore the key, but the client insists on one
         self._count = count_tokens
-        # No read time-out of the client's own: the first-token and silence limits are measured here, per chunk,
+        # No read time-out of the client's own: the first-token and silence limits are timed here, per chunk,
         # because keep-alive pings would reset a socket-level read time-out while nothing is generated.
         self._client = AsyncOpenAI(base_url=base_url, api_key=self._api_key, max_retries=max_retries,
                                    timeout=httpx.Timeout(None, connect=limits.connect_seconds))

@@ -1,11 +1,12 @@
 """One batch of requests, greedy: prefix reuse, layout, per-row grammars and ends, pauses; the decode loop itself
 is decode_loop.py.
 
-Runs on the model thread only (see `model_thread.py`). The choices here, measured on 2-core CPU boxes with SmolLM2-135M:
+Runs on the model thread only (see `model_thread.py`). The choices here (their measurements: bench/README.md § Engine
+design measurements):
 
 - A padded batch through our own decode loop, not transformers' continuous-batching manager (`generate_batch`):
-  for 8 prompts × 32 new tokens, padded `generate` ran at 83 tokens/s, the manager at under 36 (its paged
-  attention has no fast CPU path), and the manager has no per-request stop strings or cancellation. The loop is
+  the manager was less than half as fast on a CPU (its paged attention has no fast CPU path), and has no
+  per-request stop strings or cancellation. The loop is
   ours rather than `generate` so that a step can check speculative tokens per row (speculative.py).
 - No prompt token is computed twice while its KV is known. ReAct prompts are long (the system message and every
   tool description: ~690 tokens) and on a CPU prefill is compute-bound. Each row starts from the longest prefix the
@@ -19,9 +20,9 @@ Runs on the model thread only (see `model_thread.py`). The choices here, measure
   next batch takes them with the newcomer. A row's caller is answered the moment the row ends, not when the batch
   does.
 - The batch's cache is written in place and grows a block of columns at a time (kv_cache.py): transformers' own
-  cache copies every row's whole KV at every step: a third of the model thread's time in a profile of the eval.
+  cache copies every row's whole KV at every step, which was a third of the model thread's time in the eval.
 - The prefix the rows share holds the same KV in every row (checked: `shared_columns`), so a decode step's attention
-  reads it once for the batch (attention.py): 8 chats over a 715-token tools prompt read ~60% fewer KV columns.
+  reads it once for the batch (attention.py), not once a row.
 - A row may be decoded under a grammar (agent/grammar.py): before each token the decode loop masks each
   constrained row by its own matcher (grammar_masks.py), and the row feeds its matcher the token it took. The
   matcher belongs to the row, so a paused row resumes where its grammar left it; it sees generated tokens only, so
@@ -51,8 +52,7 @@ log = logging.getLogger(__name__)
 # Below this many shared tokens, computing the prefix separately is not worth a second forward pass.
 MIN_SHARED_PREFIX = 32
 # What one forward pass of its own costs a row prefilled apart, counted in prompt tokens: a pass reads every weight
-# once, as a decode step does (~26 ms for SmolLM2-135M in bf16 on 2 cores), which is what ~16-20 tokens of
-# prefill cost there (prefill computes ~750 tokens/s).
+# once, as a decode step does, which costs about what 16-20 tokens of prefill do on a CPU (bench/README.md).
 APART_PASS_TOKENS = 16
 # Columns of the batch's cache a row's new token may take with speculative tokens on: the token and the holes its
 # rejected guesses leave. Every later step's attention reads the holes, so they are bounded; guesses stop there.

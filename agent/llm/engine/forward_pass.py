@@ -1,10 +1,9 @@
 """A decode step's pass through a Llama- or Qwen2-shaped model on the CPU, without transformers' forward around
 its modules: the same modules and functions called in the same order, so the same scores bit for bit.
 
-A decode step of a small model on a CPU is mostly the cost of its calls, not of its arithmetic: SmolLM2-135M's step
-of 8 rows runs some 1,600 operations, and a model of the same 30 layers with hidden size 64, which has almost no
-arithmetic, took 34 ms a step (fp32) against ~90 for the real one (int8) on a 2-core AVX2 CPU. transformers' forward
-adds its own to every layer: keyword plumbing, output records, the mask built through its mask interface, each
+A decode step of a small model on a CPU is mostly the cost of its calls, not of its arithmetic (some 1,600
+operations a step of 8 rows for SmolLM2-135M; see bench/README.md § Engine design measurements). transformers'
+forward adds its own to every layer: keyword plumbing, output records, the mask built through its mask interface, each
 projection a module call. Here, a pass per step:
 
 - builds the boolean mask itself (a row's padding and rejected guesses' holes hidden, its newest columns causal),
@@ -15,8 +14,7 @@ projection a module call. Here, a pass per step:
 - calls the decode attention (attention.py) and the cache's layers (kv_cache.py) directly, and each layer's
   modules through calls looked up once (`LayerPlan`).
 
-SmolLM2-135M in int8, 8 rows over a 715-column shared prefix and 180 own columns each, 100 steps interleaved: 74
-ms a step (median) against 91 through the model's forward; with 60 own columns 65 against 86. Only where every
+A step through this pass is faster than through the model's forward (bench/README.md). Only where every
 piece is the one mirrored here (`fits`): other models, the GPU (sdpa), sliding windows, offloading hooks and
 prompts (whose many tokens make the calls' cost small) keep transformers' forward.
 """

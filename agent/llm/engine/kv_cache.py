@@ -3,8 +3,8 @@ time.
 
 transformers' `DynamicLayer` concatenates each step's keys and values onto the whole cache, so a step copies every
 row's full KV (and allocates it anew). With the long ReAct prompts of this bot that copy is what a batch spends its
-time on: 11 rows of ~1,400 tokens move ~700 MB a step on SmolLM2-135M, a third of the model thread's time in the
-eval's profile, and the same again when a paused batch was rebuilt. Here a layer grows by `GROWTH_COLUMNS` when a
+time on (hundreds of MB a step: bench/README.md § Engine design measurements), and the same again when a paused
+batch is rebuilt. Here a layer grows by `GROWTH_COLUMNS` when a
 step needs more room, one copy every dozens of steps. Not the whole generation's room at once: the CPU decode
 attention reads the whole tensor, filled or not, when its spare columns are few (attention.py), and most replies
 end long before their token limit.

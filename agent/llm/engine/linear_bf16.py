@@ -1,20 +1,17 @@
 """Linear layers for bf16 on a CPU with their weights laid out once for oneDNN, not at every call.
 
-PyTorch computes a bf16 `nn.Linear` on a CPU with oneDNN, which first reorders the weight into its blocked layout:
-a copy of the whole weight at every call. For the few rows of a decode step that copy is most of the work.
-Measured on a 2-core AVX-512 CPU (SmolLM2-135M's shapes, bf16): 576→1536 at 1 row 71 µs plain against 33 µs with
-the weight reordered once, at 8 rows 85 against 53, at 200 rows (a prompt) 896 against 832; the outputs are
-bit-for-bit the same. `pack_linears` makes that reorder once, at load, the way PyTorch's own compiler does for
-frozen CPU models (`torch.ops.mkldnn._reorder_linear_weight`, then `_linear_pointwise` per call).
+PyTorch computes a bf16 `nn.Linear` on a CPU with oneDNN, which first reorders the weight into its blocked layout: a
+copy of the whole weight at every call. For the few rows of a decode step that copy is most of the work (bench/README.md
+§ Engine design measurements). The outputs are bit-for-bit the same. `pack_linears` makes that reorder once, at load,
+the way PyTorch's own compiler does for frozen CPU models (`torch.ops.mkldnn._reorder_linear_weight`, then
+`_linear_pointwise` per call).
 
 Only bf16: for fp32 the packed kernel is sometimes slower and rounds differently, and MODEL_DTYPE=float32 promises
-exact outputs. On a 2-core AVX2 CPU without bf16 (where auto is fp32) it was 2-4x faster than MKL in products
-measured alone (weights in cache), but not in whole generations, whose passes wait on memory: interleaved on the
-same recorded calls, 1 chat 106.6 s against 110.2, 8 chats 116.0 against 114.4, for ~500 MB more resident.
+exact outputs; on a CPU without bf16 (where auto is fp32) it was faster in products timed alone, but not in
+whole generations, whose passes wait on memory, and it holds more memory (see bench/README.md).
 
 A tied output layer (the embedding's weight) is packed too, as a copy of its own: vocabulary × hidden size in bf16
-more memory (56 MB for SmolLM2-135M, 272 MB for Qwen2.5-0.5B), for the largest product of a decode step
-(49,152×576 at 8 rows: 4.9 ms plain against 2.3 ms packed; 5-10% of a whole pass).
+more memory, for the largest product of a decode step.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """int8 linear layers on a CPU: weights per output channel, activations quantized at every product.
 
 On a CPU decoding reads every weight once per token, so int8 weights (a quarter of fp32's bytes) make a step
-about twice as fast, and fbgemm's int8 kernels speed prompts up too (measured on a 2-core AVX2 CPU with
-SmolLM2-135M: a decode step 55 ms against 116 ms, 8 rows 83 ms against 197 ms). The price: outputs differ a
+about twice as fast, and fbgemm's int8 kernels speed prompts up too (bench/README.md § Engine design
+measurements). The price: outputs differ a
 little from fp32's, and a step's activations are scaled over the whole batch, so a row's output may depend on
 its batch neighbours. `torch.ao`'s dynamic quantization is deprecated in favour of torchao, but is in the
 torch this project pins, with the CPU kernels torchao lacks without compiling.

@@ -61,7 +61,7 @@ def resolve_model(setting: str, base_dir: Path | None = None) -> ModelSource:
 def choose_dtype(setting: str, on_gpu: bool) -> Any:
     """The torch dtype for MODEL_DTYPE; `auto` means bf16 where the hardware computes it natively, else fp32.
 
-    Native bf16: a CUDA GPU, or a CPU with avx512_bf16 or AMX (measured 2.4-3x faster than fp32 on such a CPU).
+    Native bf16: a CUDA GPU, or a CPU with avx512_bf16 or AMX (several times faster than fp32 there: bench/README.md).
     Without those instructions bf16 is emulated and slower than fp32. bf16 is not batch-invariant: rounding can
     flip a near-tied greedy choice when the batch shape changes; MODEL_DTYPE=float32 buys exact, batch-independent
     outputs (on a CPU) at that speed cost.

@@ -8,9 +8,8 @@ the row's next token and checks it in the same forward pass: on a CPU a pass rea
 computes one token or six, so every guessed token the model agrees with is a token for free. The check takes the
 model's own greedy choice at every position, so the output is the one plain decoding gives.
 
-Measured on the benchmark's ReAct prompts with SmolLM2-135M on 2 CPU cores: 1.86-2.17 tokens per pass with up to 5
-guessed; a turn for one chat 4.91 -> 4.18 s, 8 chats 46.3 -> 54.2 tokens/s (bench/README.md). Settings:
-SPECULATIVE_TOKENS (`SpeculativeLimits.per_row`) and SPECULATIVE_STEP_TOKENS (`per_step`).
+On the benchmark's ReAct prompts about two tokens a pass are taken (bench/README.md § Engine design measurements).
+Settings: SPECULATIVE_TOKENS (`SpeculativeLimits.per_row`) and SPECULATIVE_STEP_TOKENS (`per_step`).
 """
 
 from __future__ import annotations
@@ -42,10 +41,9 @@ class SpeculativeLength:
     "heuristic").
 
     A rejected guess costs its columns in the pass that checked it, and stays in the batch's cache as a masked hole
-    that every later step's attention reads (batch.py's SPECULATIVE_ROOM bounds them). Measured on the benchmark's
-    1-chat calls (SmolLM2-135M, 2 AVX2 cores, 36 calls of 32 tokens, interleaved): a fixed 5 ran ~8 long drafts
-    a call, filled the room their holes may take, then passed one token at a time: 823 passes, 136.7 s in fp32;
-    this schedule 656 passes, 129.4 s (int8: 623 -> 524 passes, 72.0 -> 65.0 s; no drafts: 114.1 s).
+    that every later step's attention reads (batch.py's SPECULATIVE_ROOM bounds them). A fixed length fills the
+    room their holes may take within a few long guesses, then passes one token at a time; this schedule takes
+    fewer passes and less time (bench/README.md).
     """
 
     def __init__(self) -> None:

@@ -41,7 +41,7 @@ def speed_up(model: Any, *, on_gpu: bool, int8: bool, native_bf16: bool) -> Any:
     if int8:
         fuse_projections(model)  # stacked before quantizing: one int8 product, one activation scale (linear_fused.py)
         model = quantize_int8(model)
-        if native_bf16:  # half the KV's reads and memory: 10-20% more tokens/s at 8 chats (bench)
+        if native_bf16:  # half the KV's reads and memory, more tokens/s at 8 chats (bench/README.md)
             setattr(model, KV_DTYPE, torch.bfloat16)
             log.info("int8 weights; the KV cache in bf16 (this CPU computes it natively)")
     return model
