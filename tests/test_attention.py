@@ -9,6 +9,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from agent.llm.engine import attention
 from agent.llm.engine.attention import NAME, SHARED_COLUMNS, decode_attention, shared_prefix, use_decode_attention
+from agent.llm.engine.internals import attention_implementation
 
 
 class Module:  # what an attention function reads of its layer
@@ -210,7 +211,7 @@ def test_a_model_generates_the_same_tokens_with_the_decode_attention_as_with_sdp
     model = tiny_model()
     tokens_sdpa, logits_sdpa = greedy(model)
     use_decode_attention(model)
-    assert model.config._attn_implementation == NAME
+    assert attention_implementation(model) == NAME
     tokens, logits = greedy(model)
     assert tokens == tokens_sdpa
     assert torch.allclose(logits, logits_sdpa, atol=1e-5)

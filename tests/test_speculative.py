@@ -1,4 +1,5 @@
-"""Speculative tokens from a row's own context (engine/speculative.py): what is guessed, and how many a step may check."""
+"""Speculative tokens from a row's own context (engine/speculative.py): what is guessed, and how many a step
+may check."""
 
 from __future__ import annotations
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from agent.llm.engine.internals import attention_implementation, use_attention
+
 NAME = "qwenbot_cpu_decode"
 # Queries of up to this many tokens take the decode step's path; longer ones are prompts.
 SHORT_QUERY = 16
@@ -243,7 +245,7 @@ def reads_shared_prefix(model: Any, kv_dtype: torch.dtype) -> bool:
 
 
 def _uses_decode_attention(model: Any) -> bool:
-    return getattr(model.config, "_attn_implementation", None) == NAME
+    return attention_implementation(model) == NAME
 
 
 def use_decode_attention(model: Any) -> None:
@@ -254,4 +256,4 @@ def use_decode_attention(model: Any) -> None:
     AttentionInterface.register(NAME, decode_attention)
     if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
         AttentionMaskInterface.register(NAME, sdpa_mask)
-    model.set_attn_implementation(NAME)
+    use_attention(model, NAME)

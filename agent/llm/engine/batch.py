@@ -42,7 +42,7 @@ from agent.llm.base import Message
 from agent.llm.engine.attention import reads_shared_prefix
 from agent.llm.engine.decode_loop import Decoding, cache_argument, decode
 from agent.llm.engine.grammar_masks import GrammarEngine, RowGrammar
-from agent.llm.engine.kv_cache import KV_DTYPE, batch_cache, shared_columns
+from agent.llm.engine.kv_cache import KV_DTYPE, batch_cache, cache_holding, shared_columns
 from agent.llm.engine.prefix_store import CachedPrefix, Hit, PrefixStore
 from agent.llm.engine.speculative import PromptLookup, SpeculativeLength, SpeculativeLimits
 from agent.llm.engine.text_stream import TextStream
@@ -306,8 +306,7 @@ def prefill_apart(model: Any, rows: list[BatchRow], hits: list[Hit], fresh: list
 def extend_prefix(model: Any, tokens: list[int], base: Hit) -> Hit:
     """The KV of `tokens`, computing only those past the prefix `base` already holds."""
     known = base.length
-    cache = DynamicCache(ddp_cache_data=base.layers(), config=model.config) if known else \
-        DynamicCache(config=model.config)
+    cache = cache_holding(model, base.layers()) if known else DynamicCache(config=model.config)
     model(input_ids=torch.tensor([tokens[known:]], device=model.device), use_cache=True, logits_to_keep=1,
           **{cache_argument(model): cache})
     dtype = getattr(model, KV_DTYPE, None)  # held as the batch caches hold it, so the store keeps one dtype

@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from agent.llm.engine.attention import NAME, SHORT_QUERY, decode_attention
+from agent.llm.engine.internals import attention_implementation, has_hooks, int8_product, on_checked_path
 from agent.llm.engine.kv_cache import RoomyLayer
 
 # The model classes whose forward this pass mirrors: the same layer, attention and MLP code (Qwen2 adds biases
@@ -42,7 +43,9 @@ RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm"}
 def fits(model: Any, cache: Any, width: int) -> bool:
     """Whether a pass of `width` tokens per row through `model` over `cache` may run here rather than through the
     model's forward."""
-    if width > SHORT_QUERY or getattr(model.config, "_attn_implementation", None) != NAME or model.training:
+    if width > SHORT_QUERY or attention_implementation(model) != NAME or model.training:
+        return False
+    if not on_checked_path(model):  # a check at load failed (internals.py): the model's forward
         return False
     return all(type(layer) is RoomyLayer for layer in cache.layers) and bool(_plans(model))
 
@@ -55,8 +58,7 @@ def _plain_layers(model: Any) -> bool:
     base = getattr(model, "model", None)
     if layer_class is None or base is None or len(base.layers) != model.config.num_hidden_layers:
         return False
-    hooked = any(hasattr(module, "_hf_hook") or module._forward_hooks or module._forward_pre_hooks
-                 for module in model.modules())
+    hooked = any(has_hooks(module) for module in model.modules())
     return not hooked and all(type(layer).__name__ == layer_class
                               and getattr(layer.self_attn, "sliding_window", None) is None
                               for layer in base.layers)
@@ -132,14 +134,8 @@ def _layer_plan(layer: Any, in_float32: bool) -> LayerPlan:
 
 def _product(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     """`module`'s forward; for an int8 layer of `quantize_int8` (linear_int8.py), the quantized product its forward
-    makes, called directly (its forward only picks it, and casts float32 to float32)."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
-
-    if (type(module) is DynamicInt8Linear and module._packed_params.dtype == torch.qint8
-            and (module.version or 0) >= 4):
-        packed = module._packed_params._packed_params
-        return lambda inputs: torch.ops.quantized.linear_dynamic(inputs, packed, reduce_range=True)
-    return module
+    makes, called directly (internals.py's `int8_product`)."""
+    return int8_product(module) or module
 
 
 def _norm(module: Any, in_float32: bool) -> Callable[[torch.Tensor], torch.Tensor]:

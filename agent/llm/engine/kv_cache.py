@@ -20,7 +20,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agent.llm.engine.prefix_store import Hit
+from agent.llm.engine.internals import CacheLayer, on_checked_path
+from agent.llm.engine.prefix_store import Hit, Layers
 
 
 # Columns a layer's tensors grow by: a copy of the batch's KV every 128 columns (a dozen or more steps, speculative
@@ -33,7 +34,7 @@ KV_DTYPE = "qwenbot_kv_dtype"
 MIN_SHARED_COLUMNS = 128
 
 
-class RoomyLayer(DynamicLayer):
+class RoomyLayer(CacheLayer):
     """One layer's KV for a batch, in tensors with room for `room` columns, grown when a step needs more;
     `keys`/`values` are views of the columns filled so far, as `DynamicLayer` would hold them."""
 
@@ -43,7 +44,7 @@ class RoomyLayer(DynamicLayer):
         self.kv_dtype = dtype  # None: the model's own
         self.length = 0  # columns filled
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def open_like(self, key_states: torch.Tensor) -> None:
         self.open(key_states.shape[0], key_states.shape[1], key_states.shape[3], key_states)
 
     def open(self, batch: int, heads: int, head_dim: int, like: torch.Tensor) -> None:
@@ -58,7 +59,7 @@ class RoomyLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+            self.open_like(key_states)
         end = self.length + key_states.shape[-2]
         if end > self._keys.shape[-2]:
             self._grow(end)
@@ -85,26 +86,54 @@ class RoomyLayer(DynamicLayer):
 
 def batch_cache(model: Any, hits: Sequence[Hit], cached: int, width: int, new_tokens: int) -> DynamicCache:
     """The batch's cache: room for `width` prompt columns and up to `new_tokens` more (growing past them when
-    needed); each row's reused prefix (`hits`) in the first `cached` columns, zeros (masked) after it."""
+    needed); each row's reused prefix (`hits`) in the first `cached` columns, zeros (masked) after it. A model
+    whose checks failed at load (internals.py) gets transformers' own layers, holding the same."""
     cache = DynamicCache(config=model.config)
     room = width + min(new_tokens, GROWTH_COLUMNS)
-    # Other layer kinds (sliding windows) keep transformers' own behaviour.
     dtype = getattr(model, KV_DTYPE, None)
-    cache.layers = [RoomyLayer(room, dtype) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if on_checked_path(model):  # other layer kinds (sliding windows) keep transformers' own behaviour
+        cache.layers = [RoomyLayer(room, dtype) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     if not cached:
         return cache
     donor = next(hit for hit in hits if hit.length).layers()
     for index, layer in enumerate(cache.layers):
         keys, _ = donor[index]
-        target = layer if isinstance(layer, RoomyLayer) else RoomyLayer(cached, dtype)
-        target.open(len(hits), keys.shape[1], keys.shape[3], keys)
-        for row, hit in enumerate(hits):
-            if hit.length:
-                own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
-                target.fill(row, own_keys[:, :, : hit.length], own_values[:, :, : hit.length])
-        target.filled(cached)
-        if target is not layer:
-            layer.update(target.keys, target.values)
+        if isinstance(layer, RoomyLayer):
+            layer.open(len(hits), keys.shape[1], keys.shape[3], keys)
+            _fill_prefixes(layer, hits, index)
+            layer.filled(cached)
+        else:
+            layer.update(*_prefix_block(hits, index, cached, keys, dtype))
+    return cache
+
+
+def _fill_prefixes(layer: RoomyLayer, hits: Sequence[Hit], index: int) -> None:
+    for row, hit in enumerate(hits):
+        if hit.length:
+            own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
+            layer.fill(row, own_keys[:, :, : hit.length], own_values[:, :, : hit.length])
+
+
+def _prefix_block(hits: Sequence[Hit], index: int, cached: int, like: torch.Tensor,
+                  dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer `index`'s reused prefixes as one block of `cached` columns ([rows, heads, cached, head_dim]), zeros
+    where a row's prefix is shorter, for a layer of transformers' own."""
+    shape = (len(hits), like.shape[1], cached, like.shape[3])
+    keys, values = like.new_zeros(shape, dtype=dtype or like.dtype), like.new_zeros(shape, dtype=dtype or like.dtype)
+    for row, hit in enumerate(hits):
+        if hit.length:
+            own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
+            keys[row, :, : hit.length] = own_keys[0, :, : hit.length]
+            values[row, :, : hit.length] = own_values[0, :, : hit.length]
+    return keys, values
+
+
+def cache_holding(model: Any, layers: Layers) -> DynamicCache:
+    """A cache of transformers' own for `model` holding `layers` (per layer: keys and values), to compute more
+    tokens after them."""
+    cache = DynamicCache(config=model.config)
+    for index, (keys, values) in enumerate(layers):
+        cache.update(keys, values, index)
     return cache
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from agent.llm.engine import internals
 from agent.llm.engine.attention import use_decode_attention
 from agent.llm.engine.kv_cache import KV_DTYPE
 from agent.llm.engine.linear_bf16 import pack_linears
@@ -30,8 +31,20 @@ log = logging.getLogger(__name__)
 
 def speed_up(model: Any, *, on_gpu: bool, int8: bool, native_bf16: bool) -> Any:
     """The loaded `model` with the engine's layers in (the same object, but for int8, which replaces layers);
-    `int8`: MODEL_DTYPE=int8 (the model was loaded in fp32); `native_bf16`: this CPU computes bf16 natively."""
-    if not on_gpu and model.config._attn_implementation == "sdpa":
+    `int8`: MODEL_DTYPE=int8 (the model was loaded in fp32); `native_bf16`: this CPU computes bf16 natively.
+
+    The private names the engine needs are checked once here (internals.py): before anything changes, that they
+    are there; then, with a tiny batch, that the engine's batch cache and decode pass give what transformers'
+    forward and cache give (the cache before int8 quantizing: see `cache_mismatch`). Where a check fails, the model
+    runs on transformers' own attention, forward and cache (with its linear layers as loaded, where the names were
+    missing), and one log line says why.
+    """
+    failure = internals.missing(model)
+    if failure is not None:
+        model = quantize_int8(model) if int8 else model
+        internals.fall_back(model, failure)
+        return model
+    if not on_gpu and internals.attention_implementation(model) == "sdpa":
         use_decode_attention(model)  # decode steps without sdpa's copies of the cache (attention.py)
     if not on_gpu and model.dtype == torch.bfloat16:
         fuse_projections(model)  # one product for query/key/value, one for gate/up (linear_fused.py)
@@ -40,8 +53,18 @@ def speed_up(model: Any, *, on_gpu: bool, int8: bool, native_bf16: bool) -> Any:
         use_short_input_linears(model)  # a decode step's products on every core (linear_fp32.py)
     if int8:
         fuse_projections(model)  # stacked before quantizing: one int8 product, one activation scale (linear_fused.py)
-        model = quantize_int8(model)
-        if native_bf16:  # half the KV's reads and memory, more tokens/s at 8 chats (bench/README.md)
-            setattr(model, KV_DTYPE, torch.bfloat16)
-            log.info("int8 weights; the KV cache in bf16 (this CPU computes it natively)")
+    failure = internals.cache_mismatch(model)
+    if int8:
+        model = _in_int8(model, native_bf16)
+    failure = failure or internals.pass_mismatch(model)
+    if failure is not None:
+        internals.fall_back(model, failure)
+    return model
+
+
+def _in_int8(model: Any, native_bf16: bool) -> Any:
+    model = quantize_int8(model)
+    if native_bf16:  # half the KV's reads and memory, more tokens/s at 8 chats (bench/README.md)
+        setattr(model, KV_DTYPE, torch.bfloat16)
+        log.info("int8 weights; the KV cache in bf16 (this CPU computes it natively)")
     return model
