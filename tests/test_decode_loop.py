@@ -16,6 +16,7 @@ import pytest_asyncio
 
 from agent.conversations import ReactConversation, TurnRules
 from agent.grammar import GrammarLimits
+from agent.llm.base import ModelRequest
 from agent.llm.engine.speculative import SpeculativeLimits
 from tests.real_model import real_model_test, started_local_llm, worker_log_watched
 
@@ -63,9 +64,9 @@ async def test_with_speculative_tokens_a_reply_is_the_same_and_copying_takes_few
     replies = {}
     for name, llm in (("plain", plain), ("speculating", speculating)):
         with worker_log_watched(logged[name].append):
-            replies[name] = await llm.complete(COPYING, max_new_tokens=48)
+            replies[name] = await llm.complete(ModelRequest(COPYING, max_new_tokens=48))
             # A caller is answered as its row ends, before the batch logs its passes: the next batch comes after.
-            await llm.complete(HI, max_new_tokens=1)
+            await llm.complete(ModelRequest(HI, max_new_tokens=1))
     assert replies["speculating"].text == replies["plain"].text
     assert replies["speculating"].text.lower().count("banana") >= 5  # the reply does copy
     assert passes_logged(logged["plain"])[0] == 48
@@ -77,8 +78,8 @@ async def test_in_a_batch_every_row_is_the_same_with_speculative_tokens(engines,
     plain, speculating = engines
     calls = [dict(messages=second_call(tools), stop=["Observation:"], max_new_tokens=40),
              dict(messages=COPYING, max_new_tokens=40), dict(messages=STORY, max_new_tokens=40)]
-    alone = [await plain.complete(**call) for call in calls]
-    together = await asyncio.gather(*(speculating.complete(**call) for call in calls))
+    alone = [await plain.complete(ModelRequest(**call)) for call in calls]
+    together = await asyncio.gather(*(speculating.complete(ModelRequest(**call)) for call in calls))
     assert [reply.text for reply in together] == [reply.text for reply in alone]
     assert [reply.completion_tokens for reply in together] == [reply.completion_tokens for reply in alone]
 
@@ -89,7 +90,8 @@ async def test_a_constrained_step_is_the_same_with_speculative_tokens(engines, t
     named = tuple(tool.name for tool in tools if tool.named_in(QUESTION))
     request = ReactConversation([], QUESTION, tools, TurnRules(GrammarLimits(thought_max_tokens=16), named)).request()
     call = dict(messages=request.messages, stop=request.stop, max_new_tokens=64, grammar=request.grammar)
-    plain_step, speculated_step = await plain.complete(**call), await speculating.complete(**call)
+    plain_step = await plain.complete(ModelRequest(**call))
+    speculated_step = await speculating.complete(ModelRequest(**call))
     assert speculated_step.text == plain_step.text
     assert "Action Input:" in speculated_step.text
 
@@ -98,6 +100,6 @@ async def test_a_constrained_step_is_the_same_with_speculative_tokens(engines, t
 @pytest.mark.parametrize("limit", [1, 2, 7])
 async def test_speculative_tokens_never_run_past_the_token_limit(engines, limit: int) -> None:
     plain, speculating = engines
-    expected = await plain.complete(COPYING, max_new_tokens=limit)
-    reply = await speculating.complete(COPYING, max_new_tokens=limit)
+    expected = await plain.complete(ModelRequest(COPYING, max_new_tokens=limit))
+    reply = await speculating.complete(ModelRequest(COPYING, max_new_tokens=limit))
     assert reply.completion_tokens == limit and reply.text == expected.text

@@ -14,6 +14,7 @@ import pytest_asyncio
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from agent.llm.base import ModelRequest
 from agent.llm.engine import forward_pass, internals
 from agent.llm.engine.linear_bf16 import PackedLinear, pack_linears
 from tests.real_model import real_model_test, started_local_llm, worker_log_watched
@@ -80,7 +81,7 @@ async def generated(converted: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[l
         llm = await started_local_llm(converted_dir=converted)
         monkeypatch.setattr(forward_pass, "decode_pass", counter)  # after the load's own checks
         try:
-            replies = [(await llm.complete(**call)).text for call in CALLS]
+            replies = [(await llm.complete(ModelRequest(**call))).text for call in CALLS]
         finally:
             await llm.close()
     return replies, counter.calls, [line for line in logged if FALLBACK_LINE in line]

@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import copy
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agent.errors import LLMError
-from agent.grammar import Grammar
-from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink
+from agent.llm.base import LLM, Completion, ModelRequest
 from agent.llm.engine.admission import FirstComeAdmission
 from agent.llm.engine.jobs import Job
 from agent.llm.engine.loading import check_dtype_setting, load_model, resolve_model
@@ -67,24 +66,15 @@ class LocalLLM(LLM):
         if self._thread is not None:
             await self._thread.close()
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        stop: Sequence[str] = (),
-        max_new_tokens: int = 512,
-        tools: Sequence[dict[str, Any]] | None = None,
-        cancel: CancelToken | None = None,
-        on_text: TextSink | None = None,
-        grammar: Grammar | None = None,
-    ) -> Completion:
-        """Queue the request for the next batch and await its row (decoded under `grammar`, if given; its text
-        streamed to `on_text` as the model thread generates it); cancelling the awaiting task cancels the row."""
+    async def complete(self, request: ModelRequest) -> Completion:
+        """Queue the request for the next batch and await its row (decoded under its grammar, if any; its text
+        streamed to its `on_text` as the model thread generates it); cancelling the awaiting task cancels the row."""
         if self._thread is None:
             raise LLMError("the local model is not started")
         loop = asyncio.get_running_loop()
-        job = Job(list(messages), tuple(stop), max_new_tokens, list(tools) if tools else None,
-                  loop, loop.create_future(), grammar=grammar, caller_cancel=cancel, on_text=on_text)
+        job = Job(list(request.messages), tuple(request.stop), request.max_new_tokens,
+                  list(request.tools) if request.tools else None, loop, loop.create_future(), grammar=request.grammar,
+                  caller_cancel=request.cancel, on_text=request.on_text)
         self._thread.submit(job)
         try:
             return await job.future
