@@ -21,7 +21,7 @@ from agent.prompts import REACT_LAYOUTS
 from bot.ids import IdError, parse_chat_id, parse_user_id
 from bot.logs import redact_token_shapes
 from bot.paths import default_data_dir, dotenv_file, moved_database, under
-from db.errors import BotError
+from core.errors import BotError
 from tools.mcp import McpLimits
 
 LLM_BACKENDS = ("local", "openai", "scripted")
