@@ -35,3 +35,10 @@ def test_every_packages_errors_derive_from_the_one_root() -> None:
                    McpConfigError):
         assert issubclass(branch, BotError), branch
     assert BotError.__module__ == "core.errors"
+
+
+def test_the_engines_readme_names_every_module_of_the_engine() -> None:
+    engine = ROOT / "agent" / "llm" / "engine"
+    readme = (engine / "README.md").read_text()
+    modules = sorted(path.name for path in engine.glob("*.py") if path.name != "__init__.py")
+    assert [name for name in modules if f"`{name}`" not in readme] == []
