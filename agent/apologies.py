@@ -33,7 +33,15 @@ APOLOGIES: dict[str, dict[str, str]] = {
         "zh": "抱歉，出了点问题，请稍后再试。",
         "en": "Sorry, something went wrong. Please try again in a moment.",
     },
+    # The honest answer when the model's answer could not be confirmed (agent/review.py): numbers nothing it
+    # looked up holds, or text that was no answer. Unlike the others it is an answer: "I don't know" is true.
+    "unconfirmed": {
+        "zh": "抱歉，我没有找到能证实这个答案的依据，所以无法确认。",
+        "en": "Sorry, I could not confirm that: nothing I looked up supports an answer.",
+    },
 }
+# Apologies that are a truthful answer rather than a turn that did not finish.
+HONEST_UNKNOWN = ("unconfirmed",)
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 
@@ -44,11 +52,19 @@ def language_of(text: str) -> str:
 
 
 def apology(reason: str, lang: str) -> str:
-    """The apology for `reason` (a key of APOLOGIES: steps, format, error, timeout, busy, bug) in `lang`."""
+    """The apology for `reason` (a key of APOLOGIES: steps, format, error, timeout, busy, bug, unconfirmed) in
+    `lang`."""
     variants = APOLOGIES[reason]
     return variants.get(lang, variants["en"])
 
 
 def is_apology(text: str) -> bool:
-    """Whether `text` is one of these apologies, in any language: a turn that did not answer."""
-    return any(text == variant for variants in APOLOGIES.values() for variant in variants.values())
+    """Whether `text` is one of these apologies, in any language: a turn that did not answer (the honest
+    "could not confirm" answer is not one)."""
+    return any(text == variant for reason, variants in APOLOGIES.items() if reason not in HONEST_UNKNOWN
+               for variant in variants.values())
+
+
+def is_honest_unknown(text: str) -> bool:
+    """Whether `text` is the honest "could not confirm" answer, in any language."""
+    return any(text == variant for reason in HONEST_UNKNOWN for variant in APOLOGIES[reason].values())

@@ -4,7 +4,13 @@ ReAct keeps the whole trace inside one assistant message that the backend contin
 `Thought:`); native mode appends `tool` messages after the assistant's tool calls, as the chat template expects.
 Each request also carries the grammar of the reply it expects (agent/grammar.py), when the turn is constrained:
 the conversation knows where the trace stands (a fresh step, one after `Thought:`, the answer after
-`Final Answer:`), and whether a tool call is still required before the answer.
+`Final Answer:`), whether a tool call is still required before the answer, which tools are held to the entities
+the question names (agent/entities.py), and which numbers an answer may write (`answer_numbers`).
+
+Once the search has ended (a repeated call, the tool budget spent, the step limit) the conversation asks for the
+answer (`add_final_request`): in ReAct the trace is continued at `Final Answer:` (under the grammar, nothing else
+can follow), in native mode tools are no longer offered and a note asks for the answer; either way the next reply
+is read as the answer, whatever it holds.
 """
 
 from __future__ import annotations
@@ -13,24 +19,27 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from agent.grammar import Grammar, GrammarLimits, native_grammar, react_final_grammar, react_step_grammar
+from agent.grammar import (Grammar, GrammarLimits, native_answer_grammar, native_grammar, react_final_grammar,
+                           react_step_grammar)
 from agent.llm.base import Completion, Message, ModelRequest
 from agent.native import native_answer_so_far, parse_native, strip_thinking
-from agent.prompts import (REACT_STOP, REACT_STOPS, STEP_LIMIT_NOTE, SYSTEM_MESSAGE, react_instructions, react_prompt,
-                           react_question)
-from agent.react import final_answer_so_far, parse_react, plain_answer_so_far, segments
+from agent.prompts import (ANSWER_NOW_NOTE, REACT_STOP, REACT_STOPS, STEP_LIMIT_NOTE, SYSTEM_MESSAGE,
+                           react_instructions, react_prompt, react_question)
+from agent.react import final_answer_so_far, parse_react, plain_answer_so_far, segments, strip_half_stop
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
 from tools.registry import Tool
 
 
 @dataclass(frozen=True)
 class TurnRules:
-    """How a turn is decoded: under a grammar (with these limits) or not, and which tools, if any, it must call
-    one of before its final answer (the first-step policy: the tools whose subject the question names)."""
+    """How a turn is decoded: under a grammar (with these limits) or not, which tools, if any, it must call one of
+    before its final answer (the first-step policy: the tools that know an entity the question names), and the
+    tools as its grammar holds them (linked to those entities; the prompt shows the tools unchanged)."""
 
     grammar: GrammarLimits | None = None
     required_tools: tuple[str, ...] = ()
     react_layout: str = "system"  # where the ReAct instructions go (agent/prompts.py: REACT_LAYOUTS)
+    held_tools: tuple[Tool, ...] = ()  # replace the turn's tools of the same name in grammars
 
 
 class Conversation(Protocol):
@@ -39,6 +48,8 @@ class Conversation(Protocol):
     mode: str
     tool_required: bool  # a tool call must come before the final answer (cleared by the first call)
     first_tools: list[Tool]  # the tools that call may use
+    answer_requested: bool  # the search has ended: the next reply is the answer
+    answer_numbers: tuple[str, ...] | None  # the numbers an answer may write under the grammar (None: any)
 
     def request(self) -> ModelRequest:
         """What the next model call gets."""
@@ -52,8 +63,8 @@ class Conversation(Protocol):
     def add_reminder(self, completion: Completion, reminder: str) -> None:
         """Append a reply that broke the format, and what the format is."""
 
-    def add_final_request(self) -> None:
-        """Ask for the final answer now (the step limit is reached)."""
+    def add_final_request(self, note: str | None = STEP_LIMIT_NOTE) -> None:
+        """Ask for the final answer now, telling the model why (`note`: the step limit; None: the search ended)."""
 
     def read_final(self, completion: Completion) -> str:
         """The answer in a reply to `add_final_request`, or '' if there is none."""
@@ -71,11 +82,13 @@ class ReactConversation:
                  rules: TurnRules = TurnRules()):
         self.tools = list(tools)
         self.limits = rules.grammar if self.tools else None
-        self.first_tools = [tool for tool in self.tools if tool.name in rules.required_tools]
+        self.grammar_tools = _held(self.tools, rules.held_tools)
+        self.first_tools = [tool for tool in self.grammar_tools if tool.name in rules.required_tools]
         self.tool_required = bool(self.first_tools)
         self.messages = _react_messages(history, question, self.tools, rules.react_layout)
         self.trace = ""  # the assistant's text so far; the backend continues it
-        self.answer_requested = False  # the step limit is reached: the next reply is the answer
+        self.answer_requested = False
+        self.answer_numbers: tuple[str, ...] | None = None
 
     def request(self) -> ModelRequest:
         continuing = [{"role": "assistant", "content": self.trace}] if self.trace else []
@@ -85,12 +98,14 @@ class ReactConversation:
         if self.limits is None:
             return None
         if self.answer_requested:
-            return react_final_grammar()
-        tools = self.first_tools if self.tool_required else self.tools
+            return react_final_grammar(self.limits, self.answer_numbers)
+        tools = self.first_tools if self.tool_required else self.grammar_tools
         return react_step_grammar(tools, continuing=bool(self.trace), tool_required=self.tool_required,
-                                  limits=self.limits)
+                                  limits=self.limits, numbers=self.answer_numbers)
 
     def read(self, completion: Completion) -> list[ToolRequest] | Decision:
+        if self.answer_requested:
+            return _answer(self.read_final(completion))
         if not self.tools:
             return _plain_answer(completion.text)
         decision = parse_react(completion.text, self.tools)
@@ -102,22 +117,32 @@ class ReactConversation:
         self.trace += f"{request.trace_text}\n{REACT_STOP} {observation}\nThought:"
 
     def add_reminder(self, completion: Completion, reminder: str) -> None:
+        if self.answer_requested:  # the reply was the answer: the reminder follows it, and the answer is asked again
+            self.trace += f" {completion.text.strip()}\n{REACT_STOP} {reminder}\nThought:{_ANSWER_NOW}"
+            return
         self.trace += f"{completion.text.rstrip()}\n{REACT_STOP} {reminder}\nThought:"
 
-    def add_final_request(self) -> None:
+    def add_final_request(self, note: str | None = STEP_LIMIT_NOTE) -> None:
         self.answer_requested = True
         # The trace ends with the last Observation and an open "Thought:". The note joins that Observation, and
-        # the Thought is completed, so the model continues the format where its Final Answer goes.
+        # the Thought is completed, so the model continues the format where its Final Answer goes. Without a note
+        # (a repeated call: the search ended) the Thought is simply completed.
         opened = "\nThought:"
+        if note is None and self.trace.endswith(opened):
+            self.trace += _ANSWER_NOW
+            return
         if self.trace.endswith(opened):
-            self.trace = self.trace[:-len(opened)] + f"\n({STEP_LIMIT_NOTE})"
+            self.trace = self.trace[:-len(opened)] + f"\n({note})"
         else:  # no open Thought (no step was taken): the note is the observation
-            self.trace = f"{self.trace.rstrip()}\n{REACT_STOP} {STEP_LIMIT_NOTE}".lstrip()
-        self.trace += "\nThought: I now know the final answer\nFinal Answer:"
+            self.trace = f"{self.trace.rstrip()}\n{REACT_STOP} {note}".lstrip()
+        self.trace += f"\nThought:{_ANSWER_NOW}"
 
     def read_final(self, completion: Completion) -> str:
-        lead, parts = segments(completion.text)
-        return lead or next((p.text for p in parts if p.marker == "final answer"), "")
+        # The trace ends at "Final Answer:", so the reply's lead is the answer; a model that starts the step over
+        # ("Thought: …\nFinal Answer: 200") gives it after its own marker.
+        text = strip_half_stop(completion.text.split(f"\n{REACT_STOP}")[0])
+        lead, parts = segments(text)
+        return next((p.text for p in parts if p.marker == "final answer"), "") or lead
 
     def answer_so_far(self, text: str) -> str | None:
         if self.answer_requested or not self.tools:
@@ -135,8 +160,11 @@ class NativeConversation:
         self.tools = list(tools)
         self.offer_tools = bool(self.tools)
         self.limits = rules.grammar
-        self.first_tools = [tool for tool in self.tools if tool.name in rules.required_tools]
+        self.grammar_tools = _held(self.tools, rules.held_tools)
+        self.first_tools = [tool for tool in self.grammar_tools if tool.name in rules.required_tools]
         self.tool_required = bool(self.first_tools)
+        self.answer_requested = False
+        self.answer_numbers: tuple[str, ...] | None = None
         self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
                                         {"role": "user", "content": question}]
 
@@ -144,11 +172,16 @@ class NativeConversation:
         specs = [tool.openai_spec() for tool in self.tools] if self.offer_tools else None
         grammar = None
         if specs and self.limits is not None:
-            tools = self.first_tools if self.tool_required else self.tools
-            grammar = native_grammar(tools, tool_required=self.tool_required, limits=self.limits)
+            tools = self.first_tools if self.tool_required else self.grammar_tools
+            grammar = native_grammar(tools, tool_required=self.tool_required, limits=self.limits,
+                                     numbers=self.answer_numbers)
+        elif self.answer_requested and self.limits is not None:
+            grammar = native_answer_grammar(self.limits, self.answer_numbers)
         return ModelRequest(list(self.messages), (), specs, grammar)
 
     def read(self, completion: Completion) -> list[ToolRequest] | Decision:
+        if self.answer_requested:
+            return _answer(self.read_final(completion))
         return parse_native(completion, self.tools)
 
     def add_results(self, completion: Completion, results: Sequence[tuple[ToolRequest, str]]) -> None:
@@ -167,9 +200,10 @@ class NativeConversation:
         self.messages.append({"role": "assistant", "content": completion.text})
         self.messages.append({"role": "user", "content": reminder})
 
-    def add_final_request(self) -> None:
+    def add_final_request(self, note: str | None = STEP_LIMIT_NOTE) -> None:
         self.offer_tools = False
-        self.messages.append({"role": "user", "content": STEP_LIMIT_NOTE})
+        self.answer_requested = True
+        self.messages.append({"role": "user", "content": note or ANSWER_NOW_NOTE})
 
     def read_final(self, completion: Completion) -> str:
         text, _ = strip_thinking(completion.text)
@@ -191,6 +225,21 @@ def _react_messages(history: Sequence[Message], question: str, tools: Sequence[T
     past = [{**m, "content": react_question(m["content"])} if m["role"] == "user" else m for m in history]
     return [{"role": "system", "content": f"{SYSTEM_MESSAGE}\n\n{react_instructions(tools)}"}, *past,
             {"role": "user", "content": react_question(question)}]
+
+
+# The end of a ReAct trace that asks for the answer (after "Thought:").
+_ANSWER_NOW = " I now know the final answer\nFinal Answer:"
+
+
+def _held(tools: Sequence[Tool], held: Sequence[Tool]) -> list[Tool]:
+    """`tools` with each one of the same name as a `held` tool replaced by it (the grammar's tools)."""
+    by_name = {tool.name: tool for tool in held}
+    return [by_name.get(tool.name, tool) for tool in tools]
+
+
+def _answer(text: str) -> Decision:
+    """The reply to a request for the answer: the answer, or nothing usable."""
+    return FinalAnswer("", text) if text else FormatProblem("the reply to the request for the answer is empty")
 
 
 def _plain_answer(text: str) -> Decision:

@@ -4,6 +4,10 @@ Model calls are awaited (the model works elsewhere: its own thread, or a server)
 through the registry, which turns every tool failure into an observation. Errors of the model's making go back to
 the model; failures it cannot fix (the backend failing, a time-out, /cancel) propagate as `LLMError`s, after the
 failed turn's trace is stored for /stats. Only a finished turn reaches the history.
+
+The same safety nets hold in both modes and on every backend: a question naming known entities looks them up
+first, held to them (agent/entities.py); a repeated call, or a spent tool budget, ends the search and asks for the
+answer; every final answer is reviewed before a user reads it (agent/review.py: garbage cut, numbers grounded).
 """
 
 from __future__ import annotations
@@ -16,15 +20,18 @@ from functools import partial
 from typing import Any
 
 from agent.conversations import Conversation, TurnRules, arguments_key, start_conversation
+from agent.entities import Entities, link_entities
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.events import AnswerText, EventSink, ModelCall, ToolFinished, ToolStarted, TurnEvent
+from agent.garbage import streamable
 from agent.grammar import GrammarLimits
-from agent.llm.base import LLM, CancelToken, Completion, TextSink
+from agent.grounding import Grounds
+from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink
 from agent.memory import Memory, Session, TurnRecord, utc_now
 from agent.apologies import apology, language_of
 from agent.options import ChatOptions
 from agent.prompts import REPEATED_CALL_NOTE, TOOL_FIRST_PROBLEM, format_reminder, tool_first_reminder
-from agent.repetition import collapse_loops
+from agent.review import AnswerReview, Verdict
 from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
 from agent.unicode import clean_text
 from tools.registry import Tool, ToolRegistry, tools_for_turn
@@ -49,9 +56,13 @@ class AgentLimits:
     react_layout: str = "system"
     # Decode every step under the grammar of the enabled tools (None: unconstrained).
     grammar: GrammarLimits | None = GrammarLimits()
-    # The default of the first-step policy: a question naming a tool's subject must get a tool call before the
-    # final answer. A chat's own setting (agent/options.py) wins.
-    require_tool_call: bool = False
+    # The default of the first-step policy: a question naming an entity a tool knows (a course in the database)
+    # must get a tool call before the final answer. A chat's own setting (agent/options.py) wins.
+    require_tool_call: bool = True
+    # Numbers in a final answer must come from the question, an observation or the calculator (agent/review.py).
+    grounded_answers: bool = True
+    # Tool calls a question naming known entities may make beyond one per entity before its answer is asked for.
+    extra_tool_calls: int = 1
 
 
 @dataclass
@@ -70,6 +81,9 @@ class TurnState:
     completion_tokens: int = 0
     format_problems: int = 0
     answer_shown: str = ""  # the answer text the caller was last shown (streaming)
+    review: AnswerReview | None = None  # the safety nets every final answer passes
+    tool_calls: int = 0
+    tool_budget: int | None = None  # tool calls before the answer is asked for (None: only the step limit)
 
     def emit(self, event: TurnEvent) -> None:
         """Tell the caller what happens; a failing sink is logged and never breaks the turn."""
@@ -81,8 +95,8 @@ class TurnState:
             log.warning("the turn's event sink failed on %s", type(event).__name__, exc_info=True)
 
     def show_answer(self, text: str) -> None:
-        """Stream the answer so far, when it changed."""
-        text = clean_text(text)  # whole so far: a surrogate pair split between two pieces is joined again here
+        """Stream the answer so far, when it changed: garbage cut as it appears (agent/garbage.py)."""
+        text = streamable(clean_text(text))  # whole so far: a split surrogate pair is joined again here
         if text != self.answer_shown:
             self.answer_shown = text
             self.emit(AnswerText(text))
@@ -124,8 +138,11 @@ class Agent:
         state = TurnState(tools, cancel or CancelToken(), on_event, session, user_id)
         history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
         grammar = self.limits.grammar.within(self.limits.max_new_tokens) if self.limits.grammar else None
-        rules = TurnRules(grammar, await self._tools_required(session, question, tools), self.limits.react_layout)
+        entities = await link_entities(tools, question)
+        rules = TurnRules(grammar, await self._tools_required(session, entities), self.limits.react_layout,
+                          tuple(entities.linked.values()))
         conversation = start_conversation(self.limits.mode, history, question, state.tools, rules)
+        self._arm_safety_nets(state, conversation, question, history, entities)
         # The record's result is a placeholder until the turn ends, one way or the other.
         record = TurnRecord(question, state.result("", TurnStatus.ERROR, started), started_at, self.limits.mode,
                             user_id, source_key)
@@ -137,13 +154,22 @@ class Agent:
         turn_id = await self.memory.save_turn(session, replace(record, result=result))
         return replace(result, turn_id=turn_id)
 
-    async def _tools_required(self, session: Session, question: str, tools: list[Tool]) -> tuple[str, ...]:
+    async def _tools_required(self, session: Session, entities: Entities) -> tuple[str, ...]:
         """The first-step policy: the tools one of which this question must call before its final answer (those
-        whose subject it names), or none."""
+        that know an entity it names), or none."""
         required = self.limits.require_tool_call
         if self.options is not None:
             required = await self.options.require_tool_call(session.chat_key, required)
-        return tuple(tool.name for tool in tools if tool.named_in(question)) if required else ()
+        return entities.tool_names if required else ()
+
+    def _arm_safety_nets(self, state: TurnState, conversation: Conversation, question: str,
+                         history: list[Message], entities: Entities) -> None:
+        """The turn's answer review (grounded on the question and the chat so far) and its tool budget."""
+        grounds = Grounds(question, (str(m.get("content") or "") for m in history)) \
+            if self.limits.grounded_answers else None
+        state.review = AnswerReview(question, grounds)
+        state.tool_budget = entities.tool_budget(self.limits.extra_tool_calls)
+        _hold_numbers(conversation, state)
 
     async def _run_bounded(self, conversation: Conversation, state: TurnState, question: str,
                            started: float) -> TurnResult:
@@ -163,27 +189,63 @@ class Agent:
             if not isinstance(decision, FinalAnswer):
                 state.show_answer("")  # text that looked like an answer while it streamed was not one
             if isinstance(decision, FinalAnswer):
-                state.record(StepKind.FINAL, thought=decision.thought, observation=decision.answer)
-                return state.result(collapse_loops(decision.answer), TurnStatus.ANSWERED, started)
-            if isinstance(decision, FormatProblem):
+                ended = self._on_answer(conversation, state, completion, decision)
+            elif isinstance(decision, FormatProblem):
                 ended = self._on_format_problem(conversation, state, completion, decision, question)
-                if ended is not None:
-                    return state.result(ended, TurnStatus.GAVE_UP, started)
-                continue
-            conversation.add_results(completion, [await self._act(request, state) for request in decision])
+            else:
+                ended = await self._on_tool_requests(conversation, state, completion, decision)
+            if ended is not None:
+                return state.result(*ended, started)
         return await self._final_at_limit(conversation, state, question, started)
 
+    def _on_answer(self, conversation: Conversation, state: TurnState, completion: Completion,
+                   decision: FinalAnswer) -> tuple[str, TurnStatus] | None:
+        """The answer, once the safety nets accept it; turned back once with a reminder; else the honest answer."""
+        assert state.review is not None
+        review = state.review.review(decision.answer)
+        state.record(StepKind.FINAL, thought=decision.thought, error=review.error,
+                     observation=review.answer if review.verdict is Verdict.ACCEPT else decision.answer)
+        if review.verdict is Verdict.ACCEPT:
+            return review.answer, TurnStatus.ANSWERED
+        if review.verdict is Verdict.REMIND:
+            state.show_answer("")
+            conversation.add_reminder(completion, review.reminder)
+            return None
+        return review.answer, TurnStatus.GAVE_UP
+
+    async def _on_tool_requests(self, conversation: Conversation, state: TurnState, completion: Completion,
+                                requests: list[ToolRequest]) -> None:
+        """Run the calls and add their observations; a repeated call, or the tool budget spent, ends the search:
+        the repeat is not run again, and the next step is the answer from what was observed."""
+        acted = [await self._act(request, state) for request in requests]
+        fresh = [(request, observation) for request, observation, repeated in acted if not repeated]
+        if fresh:
+            conversation.add_results(completion, fresh)
+        if state.review is not None and state.review.grounds is not None:
+            for _, observation in fresh:
+                state.review.grounds.observe(observation)
+        state.tool_calls += len(requests)
+        spent = state.tool_budget is not None and state.tool_calls >= state.tool_budget
+        if (len(fresh) < len(acted) or spent) and not conversation.answer_requested:
+            conversation.add_final_request(None)
+        _hold_numbers(conversation, state)
+        return None
+
     def _on_format_problem(self, conversation: Conversation, state: TurnState, completion: Completion,
-                           problem: FormatProblem, question: str) -> str | None:
-        """Remind the model of the format once; the second time, end the turn with an apology.
+                           problem: FormatProblem, question: str) -> tuple[str, TurnStatus] | None:
+        """Remind the model of the format once; the second time, end the turn with an apology. A reply that holds
+        no answer when the answer was asked for ends the turn with the honest answer.
 
         Never the reply itself: a reply that fits no format is rambling, not an answer, even when it reads like one.
         """
         state.format_problems += 1
+        if conversation.answer_requested:
+            state.record(StepKind.FINAL, thought=completion.text[:500], error="no_answer", observation=problem.reason)
+            return apology("unconfirmed", language_of(question)), TurnStatus.GAVE_UP
         error = "tool_required" if problem.reason == TOOL_FIRST_PROBLEM else "parse"
         state.record(StepKind.FORMAT_ERROR, thought=completion.text[:500], error=error, observation=problem.reason)
         if state.format_problems >= 2:
-            return apology("format", language_of(question))
+            return apology("format", language_of(question)), TurnStatus.GAVE_UP
         if error == "tool_required":
             reminder = tool_first_reminder(conversation.first_tools)
         else:
@@ -193,13 +255,21 @@ class Agent:
 
     async def _final_at_limit(self, conversation: Conversation, state: TurnState, question: str,
                               started: float) -> TurnResult:
-        """One last call asking for the answer from what is known; an honest apology if that gives nothing."""
-        conversation.add_final_request()
+        """One last call asking for the answer from what is known, reviewed with no reminder left to give; an honest
+        apology if that gives nothing."""
+        if not conversation.answer_requested:
+            conversation.add_final_request()
+            _hold_numbers(conversation, state)
         completion = await self._complete(conversation, state)
         answer = conversation.read_final(completion)
-        state.record(StepKind.LIMIT, observation=answer, error=None if answer else "no_answer")
-        return state.result(collapse_loops(answer) or apology("steps", language_of(question)), TurnStatus.STEP_LIMIT,
-                            started)
+        if not answer:
+            state.record(StepKind.LIMIT, error="no_answer")
+            return state.result(apology("steps", language_of(question)), TurnStatus.STEP_LIMIT, started)
+        assert state.review is not None
+        review = state.review.review(answer, may_remind=False)
+        state.record(StepKind.LIMIT, observation=review.answer if review.verdict is Verdict.ACCEPT else answer,
+                     error=review.error)
+        return state.result(review.answer, TurnStatus.STEP_LIMIT, started)
 
     async def _complete(self, conversation: Conversation, state: TurnState) -> Completion:
         if state.cancel.cancelled:
@@ -213,15 +283,16 @@ class Agent:
         state.completion_tokens += completion.completion_tokens
         return completion
 
-    async def _act(self, request: ToolRequest, state: TurnState) -> tuple[ToolRequest, str]:
-        """Run (or refuse, or replay) one tool request; record its step; return its observation."""
+    async def _act(self, request: ToolRequest, state: TurnState) -> tuple[ToolRequest, str, bool]:
+        """Run (or refuse) one tool request; record its step; return its observation, and whether it repeats a
+        call made before (then it is not run again: the note says so)."""
         started = time.perf_counter()
         key = arguments_key(request.tool, request.arguments)
         kind, error = StepKind.TOOL, None
         state.emit(ToolStarted(request.tool, _label(self.registry.get(request.tool), request.tool), request.raw_input,
                                request.arguments))
         if request.arguments is not None and key in state.seen:
-            kind, observation = StepKind.REPEATED, f"{state.seen[key]}\n{REPEATED_CALL_NOTE.format(tool=request.tool)}"
+            kind, observation = StepKind.REPEATED, REPEATED_CALL_NOTE.format(tool=request.tool)
         elif request.input_error and (not request.tool or request.tool in (t.name for t in state.tools)):
             error, observation = "invalid_arguments", f"Error: {request.input_error}"
         else:
@@ -231,7 +302,7 @@ class Agent:
         state.record(kind, thought=request.thought, action=request.tool, action_input=request.raw_input,
                      observation=observation, error=error, duration_ms=int((time.perf_counter() - started) * 1000))
         state.emit(ToolFinished(request.tool, observation, error))
-        return request, observation
+        return request, observation, kind is StepKind.REPEATED
 
     async def _call_tool(self, request: ToolRequest, state: TurnState) -> tuple[str, str | None]:
         allowed = [tool.name for tool in state.tools]
@@ -272,6 +343,12 @@ def _answer_stream(conversation: Conversation, state: TurnState) -> TextSink | N
         if answer is not None:
             state.show_answer(answer)
     return take
+
+
+def _hold_numbers(conversation: Conversation, state: TurnState) -> None:
+    """Let the grammar's answers write only the numbers grounded so far (when answers are grounded)."""
+    grounds = state.review.grounds if state.review is not None else None
+    conversation.answer_numbers = grounds.literals() if grounds is not None else None
 
 
 def _label(tool: Tool | None, name: str) -> str:

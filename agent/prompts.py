@@ -57,11 +57,25 @@ TOOL_FIRST_REMINDER = (
     "Do not answer from memory: look it up first. Call a tool with\n"
     "Action: one of [{tool_names}]\nAction Input: a JSON object with the arguments"
 )
+# Recorded as the observation of a repeated call (the trace shows it): the call is not run again, and the model is
+# asked for its answer instead (agent/loop.py).
 REPEATED_CALL_NOTE = (
-    "(You already called {tool} with exactly these arguments; this is the same result as before. "
-    "Do not call it again: use it, or give your Final Answer.)"
+    "(You already called {tool} with exactly these arguments: not run again; the answer is asked for now.)"
 )
 STEP_LIMIT_NOTE = "You have used all your steps. Give your Final Answer now, from what you already know."
+# Native mode's request for the answer once the search has ended (a repeated call, the tool budget spent).
+ANSWER_NOW_NOTE = "You have the results you need above. Give your final answer now, from what you observed."
+# What the safety nets tell the model when they turn an answer back (agent/review.py).
+UNGROUNDED_REMINDER = (
+    "Your Final Answer has numbers that nothing you observed holds: {numbers}. The observations hold: {summary}. "
+    "Give your Final Answer again using only those numbers (or a calculator result), or say that you could not "
+    "find it."
+)
+GARBAGE_REMINDER = (
+    "Your Final Answer was not an answer ({problem}). Give your Final Answer again in one short sentence, from the "
+    "observations, or say that you could not find it."
+)
+
 
 def tool_description(tool: Tool) -> str:
     """One tool in TOOL_DESC form, parameters in the article's list form."""
@@ -99,3 +113,9 @@ def format_reminder(tools: Sequence[Tool]) -> str:
 def tool_first_reminder(tools: Sequence[Tool]) -> str:
     """What the model is told when it answered before calling a tool the question required."""
     return TOOL_FIRST_REMINDER.format(tool_names=",".join(tool.name for tool in tools))
+
+
+def model_notes() -> tuple[str, ...]:
+    """Every note the loop writes for the model, as templates: none may reach a user (agent/garbage.py)."""
+    return (REPEATED_CALL_NOTE, STEP_LIMIT_NOTE, ANSWER_NOW_NOTE, FORMAT_REMINDER, TOOL_FIRST_REMINDER,
+            UNGROUNDED_REMINDER, GARBAGE_REMINDER)

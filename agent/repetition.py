@@ -1,9 +1,11 @@
 """Answers that loop: a small model decoding greedily can fall into repeating one phrase until its token limit
-("I am sorry, I am sorry, I am sorry, …"). The grammar cannot forbid that (the answer is well formed), so the
-answer a user reads keeps one copy of the phrase instead of fifty, and drops the half copy the limit cut off.
+("I am sorry, I am sorry, I am sorry, …", "1.1.1.1.1…", "2022-01-01 2022-01-01 …"). The grammar cannot forbid that
+(the answer is well formed), so the answer a user reads keeps one copy of the phrase instead of fifty, and drops
+the half copy the limit cut off.
 
-Only phrases with a letter in them, at least `MIN_REPEATS` times in a row and `MIN_SPAN` characters in all, count
-as a loop: numbers ("10000000000"), rules ("-----") and short natural repetition ("ha ha ha") stay as written.
+A phrase of 2 to 60 characters, at least `MIN_REPEATS` times in a row and `MIN_SPAN` characters in all, is a loop,
+letters or not. A run of one character is not a phrase: numbers ("10000000000") and rules ("-----") stay as
+written here (agent/garbage.py judges runs of one digit), and so does short natural repetition ("ha ha ha").
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ MIN_SPAN = 24
 _LOOP = re.compile(r"(.{2,60}?)\1{%d,}" % (MIN_REPEATS - 1), re.DOTALL)
 
 
-def collapse_loops(text: str) -> str:
+def collapse_loops(text: str, *, min_repeats: int = MIN_REPEATS, min_span: int = MIN_SPAN) -> str:
     """`text` with every loop cut to its first copy (and a cut-off partial copy at the very end dropped)."""
+    pattern = _LOOP if min_repeats == MIN_REPEATS else re.compile(r"(.{2,60}?)\1{%d,}" % (min_repeats - 1),
+                                                                  re.DOTALL)
     pieces, position = [], 0
-    for match in _LOOP.finditer(text):
+    for match in pattern.finditer(text):
         unit = match.group(1)
-        if len(match.group(0)) < MIN_SPAN or not any(char.isalpha() for char in unit):
+        if len(match.group(0)) < min_span or len(set(unit)) == 1:
             continue
         pieces.append(text[position:match.start()] + unit)
         position = match.end()

@@ -6,6 +6,7 @@ from agent.llm.base import Completion, ToolCall
 from agent.llm.scripted import ScriptedLLM
 from agent.loop import Agent, AgentLimits
 from agent.memory import Memory, Session
+from agent.prompts import ANSWER_NOW_NOTE
 from tools.settings import ToolSettings
 
 SESSION = Session(id="native:1", chat_key="native")
@@ -45,7 +46,11 @@ async def test_native_server_parsed_calls_and_repeated_call_guard(db, registry):
     agent, llm = native_agent(db, registry, [call, again, "6"])
     result = await agent.run(SESSION, "3*2?")
     assert [s.kind for s in result.tool_steps] == ["tool", "repeated"]
-    assert "already called calculator" in llm.requests[2].messages[-1]["content"]
+    # The repeat is not run, not answered with its result again: tools are withdrawn and the answer asked for.
+    asked = llm.requests[2]
+    assert asked.tools is None and asked.messages[-1] == {"role": "user", "content": ANSWER_NOW_NOTE}
+    assert sum(m["role"] == "tool" for m in asked.messages) == 1
+    assert result.answer == "6" and len(llm.requests) == 3
 
 
 async def test_native_step_limit_asks_without_tools(db, registry):

@@ -7,7 +7,8 @@ are never offered to the model.
 At the start of each turn `course_query` narrows its `course_name` to an enum of the names in the database, so a
 small model decoding under the turn's grammar picks a real course instead of inventing one. With
 COURSE_NAMES_FREE_TEXT the operator allows any name instead (the names are then shown as examples): the tool's
-loose matching and its "no such course" answer take over, at the price of names the model may make up.
+loose matching and its "no such course" answer take over, at the price of names the model may make up. A question
+that names courses (loosely, tools/mentions.py) links `course_query` to them: its grammar allows those alone.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 
 from db import Database
 from tools.errors import CourseError
-from tools.registry import Tool
+from tools.mentions import mentioned
+from tools.registry import Linked, Tool
 
 FIELDS = {"lessons": int, "updates_per_week": int, "hours_per_update": float}
 FIELD_LABELS = {"lessons": "课时", "updates_per_week": "每周更新次数", "hours_per_update": "每次更新小时"}
@@ -169,6 +171,7 @@ class CourseCatalog:
                 progress="🔎 查询课程数据库",
                 subjects=SUBJECTS,
                 narrow=self.narrowed,
+                link=self.linked,
             ),
             Tool(
                 name="course_list",
@@ -193,6 +196,15 @@ class CourseCatalog:
         else:
             field = {"type": "string", "enum": names, "description": COURSE_NAME["description"]}
         return dataclasses.replace(tool, parameters=query_schema(field), subjects=(*tool.subjects, *names))
+
+    async def linked(self, tool: Tool, question: str) -> Linked | None:
+        """`course_query` held to the courses `question` names (matched as loosely as lookups are), or None when
+        it names none."""
+        named = mentioned(question, [course.name for course in await self.all()], normalize_name, MATCH_THRESHOLD)
+        if not named:
+            return None
+        field = {"type": "string", "enum": named, "description": COURSE_NAME["description"]}
+        return Linked(dataclasses.replace(tool, parameters=query_schema(field)), tuple(named))
 
     async def with_course_names(self, tool: Tool) -> Tool:
         """`course_list` for one turn: its subjects include every course name."""

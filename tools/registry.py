@@ -6,7 +6,9 @@ wrong (unknown tool, bad arguments, an exception, a time-out) comes back as a `T
 
 A tool may narrow itself at the start of each turn (`Tool.narrow`): `course_query` offers the course names in the
 database as an enum, so a model decoding under the turn's grammar cannot invent a course. The narrowed schema is
-what the model is shown and held to; arguments are still validated against the declared one.
+what the model is shown and held to; arguments are still validated against the declared one. A tool may also link
+a question to the things it knows (`Tool.link`, agent/entities.py): `course_query` for a question naming 大模型实战
+holds its argument to 大模型技术实战 alone.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class Tool:
     subjects: tuple[str, ...] = ()
     # Called at the start of each turn with the tool itself: the tool as the model sees it in that turn.
     narrow: Callable[["Tool"], Awaitable["Tool"]] | None = None
+    # Called with the tool (as narrowed for the turn) and the question: the entities the question names that this
+    # tool knows (course names), and the tool held to them; None when it names none.
+    link: Callable[["Tool", str], Awaitable["Linked | None"]] | None = None
 
     @property
     def access(self) -> str:
@@ -91,6 +96,14 @@ class Tool:
         """The tool as an OpenAI-style function spec, for native tool calling."""
         return {"type": "function",
                 "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class Linked:
+    """A tool linked to a question: the entities it names, and the tool whose arguments are held to them."""
+
+    tool: Tool
+    entities: tuple[str, ...]
 
 
 async def tools_for_turn(tools: Iterable[Tool]) -> list[Tool]:
