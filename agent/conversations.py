@@ -40,6 +40,7 @@ class TurnRules:
     required_tools: tuple[str, ...] = ()
     react_layout: str = "system"  # where the ReAct instructions go (agent/prompts.py: REACT_LAYOUTS)
     held_tools: tuple[Tool, ...] = ()  # replace the turn's tools of the same name in grammars
+    left_out: tuple[str, ...] = ()  # tools the grammars leave out (the prompt still shows them)
 
 
 class Conversation(Protocol):
@@ -82,7 +83,7 @@ class ReactConversation:
                  rules: TurnRules = TurnRules()):
         self.tools = list(tools)
         self.limits = rules.grammar if self.tools else None
-        self.grammar_tools = _held(self.tools, rules.held_tools)
+        self.grammar_tools = _held(self.tools, rules)
         self.first_tools = [tool for tool in self.grammar_tools if tool.name in rules.required_tools]
         self.tool_required = bool(self.first_tools)
         self.messages = _react_messages(history, question, self.tools, rules.react_layout)
@@ -160,7 +161,7 @@ class NativeConversation:
         self.tools = list(tools)
         self.offer_tools = bool(self.tools)
         self.limits = rules.grammar
-        self.grammar_tools = _held(self.tools, rules.held_tools)
+        self.grammar_tools = _held(self.tools, rules)
         self.first_tools = [tool for tool in self.grammar_tools if tool.name in rules.required_tools]
         self.tool_required = bool(self.first_tools)
         self.answer_requested = False
@@ -231,10 +232,11 @@ def _react_messages(history: Sequence[Message], question: str, tools: Sequence[T
 _ANSWER_NOW = " I now know the final answer\nFinal Answer:"
 
 
-def _held(tools: Sequence[Tool], held: Sequence[Tool]) -> list[Tool]:
-    """`tools` with each one of the same name as a `held` tool replaced by it (the grammar's tools)."""
-    by_name = {tool.name: tool for tool in held}
-    return [by_name.get(tool.name, tool) for tool in tools]
+def _held(tools: Sequence[Tool], rules: TurnRules) -> list[Tool]:
+    """The grammar's tools: `tools` with each held one in its place, those left out dropped (never all of them)."""
+    by_name = {tool.name: tool for tool in rules.held_tools}
+    held = [by_name.get(tool.name, tool) for tool in tools if tool.name not in rules.left_out]
+    return held or [by_name.get(tool.name, tool) for tool in tools]
 
 
 def _answer(text: str) -> Decision:

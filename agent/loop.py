@@ -140,7 +140,7 @@ class Agent:
         grammar = self.limits.grammar.within(self.limits.max_new_tokens) if self.limits.grammar else None
         entities = await link_entities(tools, question)
         rules = TurnRules(grammar, await self._tools_required(session, entities), self.limits.react_layout,
-                          tuple(entities.linked.values()))
+                          entities.held_tools, entities.left_out)
         conversation = start_conversation(self.limits.mode, history, question, state.tools, rules)
         self._arm_safety_nets(state, conversation, question, history, entities)
         # The record's result is a placeholder until the turn ends, one way or the other.

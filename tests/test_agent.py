@@ -455,11 +455,14 @@ async def test_each_step_is_decoded_under_the_grammar_of_the_enabled_tools(db, r
     first, second = (request.grammar for request in llm.requests)
     assert first.kind == second.kind == "react_step"
     assert first.lark.startswith('start: "Thought: "') and second.lark.startswith('start: " "')
-    # The question names a course: the first step must look it up, and may look up that course alone.
+    # The question names a course and asks for its lessons: the first step must look them up, for that course
+    # alone; the list (which adds nothing to that lookup) is left out of the turn.
     assert "course_query" in first.lark and '"enum":["大模型技术实战"]' in first.lark
+    assert '"const":["lessons"]' in first.lark
     assert not any(name in first.lark for name in ("course_list", "calculator", "Final Answer"))
-    for name in ("course_query", "course_list", "calculator", "Final Answer"):
+    for name in ("course_query", "calculator", "Final Answer"):
         assert name in second.lark
+    assert "course_list" not in second.lark
     # The prompt shows every course, the same for every question (its start stays cached)
     assert all(name in llm.requests[0].text for name in ("大模型技术实战", "机器学习实战", "深度学习实战", "AI数据分析"))
 

@@ -80,7 +80,9 @@ def scripted_model(request: Request) -> str:
         return " ok\nFinal Answer: none" if continuing else 'Thought: x\nAction: course_query\nAction Input: {"nam": 1}\n'
     if "memory" in question:
         return "Thought: I know it\nFinal Answer: 100"
-    if "wrong" in question:
+    if "wrong" in question:  # a number it observed, but not the one asked for
+        return " ok\nFinal Answer: 3 lessons" if continuing else LOOKUP.format("大模型技术实战")
+    if "guess" in question:  # a number it never observed: turned back once, then the honest answer
         return " ok\nFinal Answer: about 100" if continuing else LOOKUP.format("大模型技术实战")
     if continuing:
         lessons = re.search(r'"课时": (\d+)', trace).group(1)
@@ -89,7 +91,7 @@ def scripted_model(request: Request) -> str:
 
 
 async def test_every_question_runs_at_once_in_a_fresh_session_and_failures_get_their_class(db, registry):
-    kinds = ["right", "rambling", "unknown", "bad arguments", "memory", "wrong", "broken", "timeout"]
+    kinds = ["right", "rambling", "unknown", "bad arguments", "memory", "wrong", "guess", "broken", "timeout"]
     cases = [EvalCase(f"{kind}: 大模型技术实战多少节?", expect=("200",)) for kind in kinds]
     llm = ScriptedLLM([scripted_model] * 40)
     agent = Agent(llm, registry, ToolSettings(db, registry), Memory(db))
@@ -99,15 +101,15 @@ async def test_every_question_runs_at_once_in_a_fresh_session_and_failures_get_t
     classes = {result.case.question.split(":")[0]: result.failure for result in report.results}
     assert classes == {"right": None, "rambling": "format", "unknown": "unknown_tool",
                        "bad arguments": "bad_arguments", "memory": "no_tool_call", "wrong": "wrong_answer",
-                       "broken": "error", "timeout": "timeout"}
+                       "guess": "honest_unknown", "broken": "error", "timeout": "timeout"}
     assert report.passed == 1 and report.results[0].answer == "200 lessons"
     assert report.format_steps() == 2  # the rambling question's two replies
     sessions = await db.fetchall("SELECT DISTINCT session_id FROM turns")
     assert len(sessions) == len(cases)  # one fresh session each (failed turns are stored too)
     lines = summary(report, "q.jsonl")
-    assert "score: 1/8 (12%)" in lines
-    assert ("failures: timeout 1, error 1, format 1, unknown tool 1, bad arguments 1, no tool call 1, "
-            "tool right but answer wrong 1") in lines
+    assert "score: 1/9 (11%)" in lines
+    assert ("failures: timeout 1, error 1, format 1, garbage 0, ungrounded 0, unknown tool 1, bad arguments 1, "
+            "no tool call 1, honest unknown 1, tool right but answer wrong 1") in lines
 
 
 def qwenbot_eval(tmp_path: Path, questions: Path, *args: str, replies=()) -> subprocess.CompletedProcess:

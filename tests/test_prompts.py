@@ -15,7 +15,11 @@ EXPECTED_COURSE_PROMPT = (
     "course_query: Call this tool to interact with the 课程信息数据库 API. What is the 课程信息数据库 API useful for? "
     "课程信息数据库存储有各课程的详细信息，包括目前的上线课时，每周更新次数以及每次更新的小时数。通过输入课程名称，可以返回该课程的详细信息。"
     ' Parameters: [{"name": "course_name", "description": "课程名称，所需查询信息的课程名称", "required": true, '
-    '"schema": {"type": "string", "minLength": 1, "maxLength": 200}}] Format the arguments as a JSON object.\n'
+    '"schema": {"type": "string", "minLength": 1, "maxLength": 200}}, '
+    '{"name": "fields", "description": "可选：只返回这些字段（lessons 课时, updates_per_week 每周更新次数, '
+    'hours_per_update 每次更新小时）；不填则返回全部", "required": false, "schema": {"type": "array", "items": '
+    '{"enum": ["lessons", "updates_per_week", "hours_per_update"]}, "minItems": 1}}]'
+    ' Format the arguments as a JSON object.\n'
     "\n"
     "Use the following format:\n"
     "\n"
@@ -49,6 +53,7 @@ def test_several_tools_are_joined_by_a_blank_line_and_names_by_a_comma():
 
 
 def test_parameters_are_in_the_articles_list_form():
-    assert course_tool().parameter_list == [{"name": "course_name", "description": "课程名称，所需查询信息的课程名称",
-                                              "required": True,
-                                              "schema": {"type": "string", "minLength": 1, "maxLength": 200}}]
+    course_name, fields = course_tool().parameter_list
+    assert course_name == {"name": "course_name", "description": "课程名称，所需查询信息的课程名称", "required": True,
+                           "schema": {"type": "string", "minLength": 1, "maxLength": 200}}
+    assert fields["name"] == "fields" and fields["required"] is False  # the article's one argument stays enough

@@ -7,8 +7,13 @@ are never offered to the model.
 At the start of each turn `course_query` narrows its `course_name` to an enum of the names in the database, so a
 small model decoding under the turn's grammar picks a real course instead of inventing one. With
 COURSE_NAMES_FREE_TEXT the operator allows any name instead (the names are then shown as examples): the tool's
-loose matching and its "no such course" answer take over, at the price of names the model may make up. A question
-that names courses (loosely, tools/mentions.py) links `course_query` to them: its grammar allows those alone.
+loose matching and its "no such course" answer take over, at the price of names the model may make up.
+
+A question that names courses (loosely, tools/mentions.py) links `course_query` to them: its grammar allows those
+alone, and, where the question says what it asks (课时/lessons, 每周几次/times a week, 小时/hours), only those
+fields (`fields`), so the observation holds the numbers that answer it and no others: a small model then cannot
+answer "how many lessons" with the hours. `course_list` is left out of such a turn's grammar: the lookups of the
+named courses hold all it could add.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import math
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from db import Database
 from tools.errors import CourseError
@@ -29,6 +34,15 @@ from tools.registry import Linked, Tool
 
 FIELDS = {"lessons": int, "updates_per_week": int, "hours_per_update": float}
 FIELD_LABELS = {"lessons": "课时", "updates_per_week": "每周更新次数", "hours_per_update": "每次更新小时"}
+# Words by which a question asks for a field, in Chinese and English (compared with the question casefolded).
+FIELD_WORDS = {
+    "lessons": ("课时", "节", "lesson"),
+    "updates_per_week": ("每周", "一周", "两周", "几次", "week", "times", "how often"),
+    "hours_per_update": ("小时", "时长", "hour", "how long"),
+}
+FIELDS_PARAMETER = {"type": "array", "items": {"enum": list(FIELDS)}, "minItems": 1,
+                    "description": "可选：只返回这些字段（lessons 课时, updates_per_week 每周更新次数, "
+                                   "hours_per_update 每次更新小时）；不填则返回全部"}
 # Words naming what the course tools are about (the first-step policy); the course names are added per turn.
 SUBJECTS = ("课程", "课", "course", "lesson")
 COURSE_NAME = {"type": "string", "minLength": 1, "maxLength": 200, "description": "课程名称，所需查询信息的课程名称"}
@@ -50,11 +64,12 @@ class Course:
     updates_per_week: int
     hours_per_update: float
 
-    def as_observation(self) -> dict[str, Any]:
-        """The course as the model reads it (the article's field names)."""
+    def as_observation(self, fields: Sequence[str] = tuple(FIELDS)) -> dict[str, Any]:
+        """The course as the model reads it (the article's field names), with `fields` only."""
         hours = self.hours_per_update
-        return {"课程名称": self.name, "课时": self.lessons, "每周更新次数": self.updates_per_week,
-                "每次更新小时": int(hours) if float(hours).is_integer() else hours}
+        values = {"lessons": self.lessons, "updates_per_week": self.updates_per_week,
+                  "hours_per_update": int(hours) if float(hours).is_integer() else hours}
+        return {"课程名称": self.name, **{FIELD_LABELS[field]: values[field] for field in FIELDS if field in fields}}
 
 
 def normalize_name(name: str) -> str:
@@ -96,11 +111,11 @@ class CourseCatalog:
             return [c for score, c in scored if score == best], []
         return [], [c for score, c in scored[:3] if score > 0] or [c for _, c in scored[:3]]
 
-    async def query(self, course_name: str) -> str:
-        """Tool: the course's lessons, updates per week and hours per update (loosely matched)."""
+    async def query(self, course_name: str, fields: Sequence[str] = tuple(FIELDS)) -> str:
+        """Tool: the course's lessons, updates per week and hours per update (loosely matched), or `fields` only."""
         matches, closest = await self.find(course_name)
         if len(matches) == 1:
-            return json.dumps(matches[0].as_observation(), ensure_ascii=False)
+            return json.dumps(matches[0].as_observation(fields), ensure_ascii=False)
         if matches:
             names = "、".join(c.name for c in matches)
             return f"“{course_name}”可能指以下课程：{names}。请用完整的课程名称再查一次。"
@@ -182,6 +197,7 @@ class CourseCatalog:
                 progress="📚 列出所有课程",
                 subjects=SUBJECTS,
                 narrow=self.with_course_names,
+                link=self.withheld,
             ),
         ]
 
@@ -198,13 +214,24 @@ class CourseCatalog:
         return dataclasses.replace(tool, parameters=query_schema(field), subjects=(*tool.subjects, *names))
 
     async def linked(self, tool: Tool, question: str) -> Linked | None:
-        """`course_query` held to the courses `question` names (matched as loosely as lookups are), or None when
-        it names none."""
-        named = mentioned(question, [course.name for course in await self.all()], normalize_name, MATCH_THRESHOLD)
+        """`course_query` held to the courses `question` names (matched as loosely as lookups are) and to the
+        fields it asks for; None when it names none."""
+        named = await self.named_in(question)
         if not named:
             return None
-        field = {"type": "string", "enum": named, "description": COURSE_NAME["description"]}
-        return Linked(dataclasses.replace(tool, parameters=query_schema(field)), tuple(named))
+        name = {"type": "string", "enum": named, "description": COURSE_NAME["description"]}
+        asked = asked_fields(question)
+        schema = query_schema(name, {**FIELDS_PARAMETER, "const": asked}) if asked else query_schema(name)
+        return Linked(dataclasses.replace(tool, parameters=schema), tuple(named))
+
+    async def withheld(self, tool: Tool, question: str) -> Linked | None:
+        """`course_list` for a question naming courses: left out (their lookups hold all it could add)."""
+        named = await self.named_in(question)
+        return Linked(None, tuple(named)) if named else None
+
+    async def named_in(self, question: str) -> list[str]:
+        """The courses `question` names, matched as loosely as lookups are."""
+        return mentioned(question, [course.name for course in await self.all()], normalize_name, MATCH_THRESHOLD)
 
     async def with_course_names(self, tool: Tool) -> Tool:
         """`course_list` for one turn: its subjects include every course name."""
@@ -212,10 +239,17 @@ class CourseCatalog:
         return dataclasses.replace(tool, subjects=(*tool.subjects, *names))
 
 
-def query_schema(course_name: dict[str, Any]) -> dict[str, Any]:
-    """`course_query`'s parameters, with `course_name` as given."""
-    return {"type": "object", "properties": {"course_name": course_name}, "required": ["course_name"],
-            "additionalProperties": False}
+def query_schema(course_name: dict[str, Any], fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`course_query`'s parameters: `course_name` as given, and `fields` as given (then required: a question held
+    the call to them) or optional."""
+    return {"type": "object", "properties": {"course_name": course_name, "fields": fields or FIELDS_PARAMETER},
+            "required": ["course_name", "fields"] if fields else ["course_name"], "additionalProperties": False}
+
+
+def asked_fields(question: str) -> list[str]:
+    """The fields a question asks for by its words (课时, times a week, hours…), in the table's order."""
+    folded = unicodedata.normalize("NFKC", question).casefold()
+    return [field for field in FIELDS if any(word in folded for word in FIELD_WORDS[field])]
 
 
 def clean_name(name: str) -> str:

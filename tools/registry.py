@@ -88,9 +88,11 @@ class Tool:
 
     @property
     def single_parameter(self) -> str | None:
-        """The name of the only parameter, when there is exactly one (a plain string can then stand for it)."""
+        """The name of the only parameter, or of the only required one beside optional ones (a plain string can
+        then stand for it)."""
         names = list(self.parameters.get("properties", {}))
-        return names[0] if len(names) == 1 else None
+        required = [name for name in names if name in self.parameters.get("required", ())]
+        return names[0] if len(names) == 1 else required[0] if len(required) == 1 else None
 
     def openai_spec(self) -> dict[str, Any]:
         """The tool as an OpenAI-style function spec, for native tool calling."""
@@ -100,9 +102,10 @@ class Tool:
 
 @dataclass(frozen=True)
 class Linked:
-    """A tool linked to a question: the entities it names, and the tool whose arguments are held to them."""
+    """A tool linked to a question: the entities it names, and the tool whose arguments are held to them (None:
+    the tool is left out, as its linked neighbours hold all it could add)."""
 
-    tool: Tool
+    tool: Tool | None
     entities: tuple[str, ...]
 
 

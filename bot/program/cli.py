@@ -20,7 +20,7 @@ from agent.memory import Session
 from agent.traces import render_trace
 from bot.program.audit import audit
 from bot.program.config import ConfigError, Settings
-from bot.program.evaluation import copy_database, evaluate, load_cases, summary
+from bot.program.evaluation import EvalFileError, compare, copy_database, evaluate, load_cases, rescore, summary
 from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
 from bot.program.services import mcp_hub, open_settings_database, start_services
@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--report", type=Path, help="also write every answer and figure to this JSON file")
     evaluation.add_argument("--turn-timeout", type=float, metavar="SECONDS",
                             help="TURN_TIMEOUT_SECONDS for this run (all questions queue for one model at once)")
+    evaluation.add_argument("--compare", type=Path, metavar="OLD.json",
+                            help="also print which questions changed since an earlier --report")
+    evaluation.add_argument("--rescore", type=Path, metavar="OLD.json",
+                            help="score an earlier --report again as this version scores, without the model")
     commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
     add_mcp_parser(commands)
     return parser
@@ -186,23 +190,48 @@ def eval_command(settings: Settings, args: argparse.Namespace) -> int:
     """Run a question set through the real agent, on a copy of the database; print the score and the failures."""
     cases = load_cases(args.file)
     timeout = args.turn_timeout or settings.agent.turn_timeout_seconds
+    old = read_report(args.compare) if args.compare else None
+    saved = read_report(args.rescore) if args.rescore else None
 
     async def job() -> int:
         with tempfile.TemporaryDirectory() as folder:
             copy = Path(folder) / "eval.sqlite3"
             await asyncio.to_thread(copy_database, settings.storage.database_path, copy)
             run = settings.replaced(database_path=copy, turn_timeout_seconds=timeout)
-            services = await start_services(run)
-            try:
-                report = await evaluate(services.agent, cases)
-            finally:
-                await services.close()
-        report.about = evaluated(settings)
-        print("\n".join(summary(report, str(args.file))))
+            if saved is not None:
+                db = await open_settings_database(run)
+                try:
+                    report = await rescore(saved, cases, build_registry(db, settings.tools.tool_timeout_seconds))
+                finally:
+                    await db.close()
+            else:
+                services = await start_services(run)
+                try:
+                    report = await evaluate(services.agent, cases)
+                finally:
+                    await services.close()
+        report.about = {key: saved[key] for key in ABOUT if key in saved} if saved else evaluated(settings)
+        print("\n".join(summary(report, str(args.rescore or args.file))))
+        if old is not None:
+            print("\n".join(["", *compare(report, old)]))
         if args.report:
             args.report.write_text(json.dumps(report.as_json(), ensure_ascii=False, indent=2), encoding="utf-8")
         return 0
     return run_async(job)
+
+
+ABOUT = ("model", "backend", "mode", "constrained", "require_tool_call", "grounded_answers")
+
+
+def read_report(path: Path) -> dict:
+    """A report written by `qwenbot eval --report`; one that cannot be read is an `EvalFileError` naming it."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise EvalFileError(f"cannot read the report {path}: {error}") from None
+    if not isinstance(report, dict) or not isinstance(report.get("questions"), list):
+        raise EvalFileError(f"{path} is not a report of qwenbot eval --report")
+    return report
 
 
 def evaluated(settings: Settings) -> dict[str, object]:
@@ -210,7 +239,8 @@ def evaluated(settings: Settings) -> dict[str, object]:
     backend, agent = settings.model.llm_backend, settings.agent
     model = settings.openai.openai_model or settings.model.model if backend == "openai" else settings.model.model
     return {"model": model, "backend": backend, "mode": agent.agent_mode,
-            "constrained": agent.constrained_decoding, "require_tool_call": agent.require_tool_call}
+            "constrained": agent.constrained_decoding, "require_tool_call": agent.require_tool_call,
+            "grounded_answers": agent.grounded_answers}
 
 
 def chat_command(settings: Settings, args: argparse.Namespace) -> int:

@@ -197,7 +197,10 @@ class AgentSettings:
     constrained_decoding: bool = AgentLimits.grammar is not None
     thought_max_tokens: int = GrammarLimits.thought_max_tokens
     tool_string_max_chars: int = GrammarLimits.string_max_chars
+    answer_max_tokens: int = GrammarLimits.answer_max_tokens
     require_tool_call: bool = AgentLimits.require_tool_call
+    grounded_answers: bool = AgentLimits.grounded_answers
+    extra_tool_calls: int = AgentLimits.extra_tool_calls
     history_token_budget: int = AgentLimits.history_token_budget
     observation_max_chars: int = AgentLimits.observation_max_chars
     turn_timeout_seconds: float = AgentLimits.turn_timeout_seconds
@@ -206,7 +209,8 @@ class AgentSettings:
         """Refuse an unknown mode or layout, and limits that are not positive."""
         one_of("AGENT_MODE", self.agent_mode, AGENT_MODES)
         one_of("REACT_LAYOUT", self.react_layout, REACT_LAYOUTS)
-        positive(self, ("max_steps", "max_new_tokens", "thought_max_tokens", "tool_string_max_chars",
+        not_negative(self, ("extra_tool_calls",))
+        positive(self, ("max_steps", "max_new_tokens", "thought_max_tokens", "tool_string_max_chars", "answer_max_tokens",
                         "history_token_budget", "observation_max_chars", "turn_timeout_seconds"))
 
 

@@ -113,13 +113,15 @@ def mcp_hub(settings: Settings, db: Database, registry: ToolRegistry, config: li
 def agent_limits(settings: Settings) -> AgentLimits:
     """The agent's limits and decoding rules from MAX_STEPS, MAX_NEW_TOKENS, CONSTRAINED_DECODING and the rest."""
     agent = settings.agent
-    grammar = GrammarLimits(thought_max_tokens=agent.thought_max_tokens, string_max_chars=agent.tool_string_max_chars)
+    grammar = GrammarLimits(thought_max_tokens=agent.thought_max_tokens, string_max_chars=agent.tool_string_max_chars,
+                            answer_max_tokens=agent.answer_max_tokens)
     return AgentLimits(max_steps=agent.max_steps, max_new_tokens=agent.max_new_tokens,
                        history_token_budget=agent.history_token_budget,
                        observation_max_chars=agent.observation_max_chars,
                        turn_timeout_seconds=agent.turn_timeout_seconds, mode=agent.agent_mode,
                        react_layout=agent.react_layout, grammar=grammar if agent.constrained_decoding else None,
-                       require_tool_call=agent.require_tool_call)
+                       require_tool_call=agent.require_tool_call, grounded_answers=agent.grounded_answers,
+                       extra_tool_calls=agent.extra_tool_calls)
 
 
 def build_llm(settings: Settings) -> LLM:
