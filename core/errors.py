@@ -24,11 +24,18 @@ turn can meet into a short apology.
     ├── ConfirmationNeeded           enabling a tool that may change data needs the admin's flag (tools/errors.py)
     ├── McpConfigError               an MCP server definition cannot be used (tools/errors.py)
     └── AgentError                   (agent/errors.py)
-        └── LLMError                 a backend could not produce a completion
-            ├── ModelLoadError
-            ├── LLMTimeout
-            ├── LLMCancelled
-            └── LLMOutOfMemory
+        ├── LLMError                 a backend could not produce a completion
+        │   ├── ModelLoadError
+        │   ├── LLMTimeout
+        │   ├── LLMCancelled
+        │   ├── LLMOutOfMemory
+        │   └── ImagesRefused        the model server refused a picture (a text-only model)
+        ├── SpeechError              a recording could not be turned into text (agent/speech/)
+        │   ├── NotAudio
+        │   ├── AudioTooLong
+        │   ├── SpeechTimeout
+        │   └── SpeechUnavailable
+        └── NotAnImage               a picture that cannot be read (agent/images.py)
 """
 
 

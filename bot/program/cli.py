@@ -1,5 +1,5 @@
-"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), migrate, tools,
-mcp, doctor.
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), transcribe (a
+recording), migrate, tools, mcp, doctor.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
+from agent.errors import SpeechError
 from agent.memory import Session
 from agent.traces import render_trace
 from bot.program.audit import audit
@@ -23,7 +24,7 @@ from bot.program.config import ConfigError, Settings
 from bot.program.evaluation import copy_database, evaluate, load_cases, summary
 from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
-from bot.program.services import mcp_hub, open_settings_database, start_services
+from bot.program.services import build_transcriber, mcp_hub, open_settings_database, start_services
 from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from core.errors import BotError
 from db import Database
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--turn-timeout", type=float, metavar="SECONDS",
                             help="TURN_TIMEOUT_SECONDS for this run (all questions queue for one model at once)")
     commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
+    transcribe = commands.add_parser("transcribe", help="print what a recording says, with the speech backend the "
+                                                        "bot uses (ASR_BACKEND, ASR_MODEL)")
+    transcribe.add_argument("file", type=Path, help="a recording: a Telegram voice note (.oga), .ogg, .mp3, .wav, …")
     add_mcp_parser(commands)
     return parser
 
@@ -89,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_env()
         configure_logging(settings.logging.log_level,
-                          secrets=[settings.telegram.telegram_bot_token, settings.openai.openai_api_key])
+                          secrets=[settings.telegram.telegram_bot_token, settings.openai.openai_api_key,
+                                   settings.voice.asr_api_key])
         return COMMANDS[args.command](settings, args)
     except USER_ERRORS as error:
         # A token pasted into the wrong variable may be part of the message (a path, say): never show it.
@@ -228,6 +233,29 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(job)
 
 
+def transcribe_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Print the transcript of a recording (stdout), and its language and length (stderr); a file that is not a
+    recording, or a backend that cannot transcribe, is one line and exit status 2."""
+    transcriber = build_transcriber(settings)
+    if transcriber is None:
+        why = " and faster-whisper is not installed" if settings.voice.asr_backend == "auto" else ""
+        raise ConfigError(f"speech is off (ASR_BACKEND={settings.voice.asr_backend}{why})")
+    data = args.file.read_bytes()  # a missing file is an OSError: one line
+
+    async def job() -> int:
+        try:
+            transcript = await transcriber.transcribe(data)
+        except SpeechError as error:
+            raise type(error)(f"{args.file}: {error}") from None
+        finally:
+            await transcriber.close()
+        print(transcript.text)
+        print(f"({transcript.language or 'language not given'}, {transcript.audio_seconds:.1f} s of audio)",
+              file=sys.stderr)
+        return 0
+    return run_async(job)
+
+
 def cli_session(session_id: str) -> Session:
     """A terminal session: its own history, tool settings of the 'cli' chat."""
     return Session(id=session_id, chat_key="cli", kind="cli")
@@ -258,6 +286,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "ask": ask_command,
     "chat": chat_command,
     "eval": eval_command,
+    "transcribe": transcribe_command,
 }
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@
     settings.agent.max_steps                 MAX_STEPS
 
 `Settings` is one frozen object made of small frozen groups (telegram, webhook, access, storage, model, engine,
-openai, scripted, agent, tools, turns, streaming, mcp, logging, doctor), each the one place of its defaults. A
+openai, scripted, agent, tools, turns, streaming, voice, images, mcp, logging, doctor), each the one place of its
+defaults. A
 field is named as its variable in lower case, so the variables never changed with the grouping and a grep for
 either finds both. Where a component of `agent/` or `tools/` has a limits class (`AgentLimits`, `GrammarLimits`,
-`SpeculativeLimits`, `StreamLimits`, `McpLimits`) or a named default, the group takes its default from there, so each
+`SpeculativeLimits`, `StreamLimits`, `SpeechLimits`, `McpLimits`) or a named default, the group takes its default from there, so each
 default is written once; bot/program/services.py builds those classes from the groups by keyword.
 
 Each variable is mirrored, with its default and an explanation, in `.env.example`, in one section per group.
@@ -30,6 +31,7 @@ from agent.llm.engine.speculative import SpeculativeLimits
 from agent.llm.openai_stream import StreamLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
+from agent.speech.base import SpeechLimits
 from bot.program.env import ConfigError, not_negative, one_of, parse, positive, shown
 from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
 from db.connection import BUSY_TIMEOUT_SECONDS
@@ -41,6 +43,9 @@ __all__ = ["ConfigError", "Settings"]
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
 OPENAI_GRAMMARS = ("off", "vllm", "sglang", "llama.cpp")
+OPENAI_VISIONS = ("auto", "on", "off")
+ASR_BACKENDS = ("auto", "local", "openai", "off")
+ASR_DEVICES = ("cpu", "cuda", "auto")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Settings that no longer exist, and what replaced them: a .env that still sets one is told, not silently ignored.
 RETIRED = {
@@ -55,8 +60,23 @@ class TelegramSettings:
 
     telegram_bot_token: str = ""
     telegram_base_url: str = "https://api.telegram.org/bot"
+    telegram_base_file_url: str = ""  # empty: beside TELEGRAM_BASE_URL (see `file_url`)
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
+    telegram_download_timeout_seconds: float = 60.0
+
+    @property
+    def file_url(self) -> str:
+        """Where files (voice notes, photos) are downloaded from: TELEGRAM_BASE_FILE_URL, else the Bot API's own
+        layout beside TELEGRAM_BASE_URL (`…/bot` → `…/file/bot`), which local Bot API servers share."""
+        if self.telegram_base_file_url:
+            return self.telegram_base_file_url
+        base = self.telegram_base_url.rstrip("/")
+        return base[: -len("/bot")] + "/file/bot" if base.endswith("/bot") else base + "/file/bot"
+
+    def validate(self) -> None:
+        """Refuse a download time limit that is not positive."""
+        positive(self, ("telegram_download_timeout_seconds",))
 
 
 @dataclass(frozen=True)
@@ -164,10 +184,12 @@ class OpenAISettings:
     openai_startup_seconds: float = 60.0
     openai_max_retries: int = 3
     openai_grammar: str = "off"
+    openai_vision: str = "auto"
 
     def validate(self) -> None:
-        """Refuse deadlines that are not positive, negative retries, an unknown grammar dialect."""
+        """Refuse deadlines that are not positive, negative retries, an unknown grammar dialect or vision value."""
         one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
+        one_of("OPENAI_VISION", self.openai_vision, OPENAI_VISIONS)
         positive(self, ("openai_connect_timeout_seconds", "openai_first_token_seconds", "openai_silence_seconds",
                         "openai_startup_seconds"))
         not_negative(self, ("openai_max_retries",))
@@ -254,6 +276,43 @@ class StreamingSettings:
 
 
 @dataclass(frozen=True)
+class VoiceSettings:
+    """Questions asked by voice: the speech-to-text backend, its model, and the limits of a recording (defaults of
+    the limits from `SpeechLimits`, agent/speech/base.py)."""
+
+    asr_backend: str = "auto"  # auto: local when faster-whisper is installed, else off
+    asr_model: str = "base"
+    asr_language: str = ""
+    asr_device: str = "cpu"
+    asr_compute_type: str = "int8"
+    asr_cpu_threads: int = 2
+    asr_base_url: str = ""
+    asr_api_key: str = ""
+    asr_max_seconds: float = SpeechLimits.max_seconds
+    asr_max_file_mb: float = SpeechLimits.max_file_mb
+    asr_timeout_seconds: float = SpeechLimits.timeout_seconds
+
+    def validate(self) -> None:
+        """Refuse an unknown backend or device, and limits that are not positive."""
+        one_of("ASR_BACKEND", self.asr_backend, ASR_BACKENDS)
+        one_of("ASR_DEVICE", self.asr_device, ASR_DEVICES)
+        positive(self, ("asr_max_seconds", "asr_max_file_mb", "asr_timeout_seconds"))
+        not_negative(self, ("asr_cpu_threads",))
+
+
+@dataclass(frozen=True)
+class ImagesSettings:
+    """Questions about a picture: how large a picture may be downloaded, and the size it is shrunk to."""
+
+    image_max_side: int = 1024
+    image_max_file_mb: float = 20.0
+
+    def validate(self) -> None:
+        """Refuse sizes that are not positive."""
+        positive(self, ("image_max_side", "image_max_file_mb"))
+
+
+@dataclass(frozen=True)
 class McpSettings:
     """MCP servers: the config file, and the limits of `McpLimits` (tools/mcp.py) for their defaults."""
 
@@ -309,6 +368,8 @@ class Settings:
     tools: ToolsSettings = field(default_factory=ToolsSettings)
     turns: TurnsSettings = field(default_factory=TurnsSettings)
     streaming: StreamingSettings = field(default_factory=StreamingSettings)
+    voice: VoiceSettings = field(default_factory=VoiceSettings)
+    images: ImagesSettings = field(default_factory=ImagesSettings)
     mcp: McpSettings = field(default_factory=McpSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     doctor: DoctorSettings = field(default_factory=DoctorSettings)

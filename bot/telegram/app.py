@@ -73,6 +73,7 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
         ApplicationBuilder()
         .token(settings.telegram.telegram_bot_token)
         .base_url(settings.telegram.telegram_base_url)
+        .base_file_url(settings.telegram.file_url)
         .context_types(ContextTypes(context=BotContext))
         .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram.telegram_messages_per_second,
                                      group_max_rate=settings.telegram.telegram_group_messages_per_minute,
@@ -111,6 +112,9 @@ def register_handlers(application: Application) -> None:
         application.add_handler(CommandHandler(name, callback, filters=typed))
     application.add_handler(MessageHandler(new & filters.StatusUpdate.MIGRATE, handlers.on_migrate))
     application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
+    application.add_handler(MessageHandler(new & (filters.VOICE | filters.AUDIO | filters.VIDEO_NOTE),
+                                           handlers.on_recording))
+    application.add_handler(MessageHandler(new & (filters.PHOTO | filters.Document.IMAGE), handlers.on_picture))
     application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
     application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,
                                            handlers.non_text))

@@ -10,7 +10,10 @@
 It serves what the bot calls: getMe, getUpdates (long polling with `timeout`; an update stays queued until a later
 call's `offset` confirms it, as Telegram does), sendMessage, sendMessageDraft (private chats only, as Telegram;
 `FakeTelegramServer(drafts=False)` answers it "Not Found", as Bot API servers before 9.3 do), editMessageText,
-deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo. Like the real server it refuses texts over 4096
+deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo, and files as the real
+server hands them out: `getFile` for a file id gives its `file_path`, and `GET /file/bot<token>/<file_path>` its
+bytes (`send_voice`, `send_photo`, `send_document` put a user's file there; `files_fetched` records the downloads;
+getFile refuses a file over 20 MB, as the Bot API does). Like the real server it refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
 method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
 effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
@@ -38,6 +41,7 @@ from tests.fakes.openai_server import json_bytes
 
 TOKEN = "123456:TEST-token-for-the-fake-server"
 MAX_TEXT = 4096
+MAX_DOWNLOAD_BYTES = 20 * 1024 * 1024  # the Bot API's getFile limit
 # Form fields PTB sends JSON-encoded; everything else (text, parse_mode, action...) is a plain string.
 JSON_FIELDS = {
     "chat_id", "message_id", "reply_parameters", "commands", "scope", "timeout", "offset", "limit",
@@ -148,6 +152,7 @@ class _State:
     messages: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     next_message_id: dict[int, int] = field(default_factory=dict)
     webhook_url: str = ""
+    files: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # file_id → (file_path, bytes)
 
 
 class FakeTelegramServer:
@@ -160,6 +165,8 @@ class FakeTelegramServer:
         self.bot = User(bot_id, "Qwen Test Bot", username=bot_username, is_bot=True)
         self.calls: list[ApiCall] = []
         self.polls_started = 0  # getUpdates calls received (a call is recorded only when it answers)
+        self.files_fetched: list[str] = []  # file paths downloaded from /file/bot<token>/, in order
+        self._file_ids = itertools.count(1)
         self.failures: list[Failure] = []
         self._state = _State()
         self._update_ids = itertools.count(1)
@@ -240,6 +247,61 @@ class FakeTelegramServer:
                               "width": 512, "height": 512, "is_animated": False, "is_video": False}
         self.push_update("message", message)
         return message["message_id"]
+
+    def add_file(self, data: bytes, folder: str, extension: str, *, size: int | None = None) -> dict[str, Any]:
+        """Keep `data` as a file users sent; returns its File fields (`size` overrides what is declared)."""
+        number = next(self._file_ids)
+        file_id, path = f"file-{number}", f"{folder}/file_{number}.{extension}"
+        with self._lock:
+            self._state.files[file_id] = (path, data)
+        return {"file_id": file_id, "file_unique_id": f"u{number}", "file_size": len(data) if size is None else size}
+
+    def send_voice(self, chat: Chat, user: User, data: bytes, duration: int, *, kind: str = "voice",
+                   caption: str | None = None, reply_to: int | None = None, size: int | None = None) -> int:
+        """`user` sends a recording: a voice note (OGG/Opus), an `audio` file or a `video_note`; returns the
+        message id. `duration` is what Telegram declares (whole seconds)."""
+        media = {**self.add_file(data, "voice" if kind == "voice" else kind + "s", "oga" if kind == "voice" else
+                                 "mp4" if kind == "video_note" else "mp3", size=size), "duration": duration}
+        if kind == "voice":
+            media["mime_type"] = "audio/ogg"
+        elif kind == "video_note":
+            media["length"] = 240
+        return self._send_media(chat, user, {kind: media}, caption, reply_to)
+
+    def send_photo(self, chat: Chat, user: User, data: bytes, width: int, height: int, *,
+                   caption: str | None = None, reply_to: int | None = None, media_group_id: str | None = None) -> int:
+        """`user` sends a photo, in the sizes Telegram makes of it (a thumbnail, and the original here); returns the
+        message id."""
+        thumbnail = self.add_file(data, "photos", "jpg")
+        original = self.add_file(data, "photos", "jpg")
+        sizes = [{**thumbnail, "width": max(1, width // 10), "height": max(1, height // 10)},
+                 {**original, "width": width, "height": height}]
+        extra = {"media_group_id": media_group_id} if media_group_id else {}
+        return self._send_media(chat, user, {"photo": sizes, **extra}, caption, reply_to)
+
+    def send_document(self, chat: Chat, user: User, data: bytes, file_name: str, mime_type: str, *,
+                      caption: str | None = None, size: int | None = None) -> int:
+        """`user` sends a file as a document; returns the message id."""
+        document = {**self.add_file(data, "documents", file_name.rsplit(".", 1)[-1], size=size),
+                    "file_name": file_name, "mime_type": mime_type}
+        return self._send_media(chat, user, {"document": document}, caption, None)
+
+    def _send_media(self, chat: Chat, user: User, fields: dict[str, Any], caption: str | None,
+                    reply_to: int | None) -> int:
+        message = self._user_message(chat, user, None, reply_to)
+        message.update(fields)
+        if caption is not None:
+            message["caption"] = caption
+            if entities := _entities(caption):
+                message["caption_entities"] = entities
+        self.push_update("message", message)
+        return message["message_id"]
+
+    def file_bytes(self, file_path: str) -> bytes | None:
+        """The bytes of a file by its path, as GET /file/bot<token>/<path> serves them."""
+        with self._lock:
+            found = [data for path, data in self._state.files.values() if path == file_path]
+        return found[0] if found else None
 
     def push_message(self, chat: Chat, user: User | None, *, kind: str = "message", **fields: Any) -> int:
         """Any message as an update of `kind` (message, edited_message, channel_post...), for bad-input tests:
@@ -448,6 +510,17 @@ class FakeTelegramServer:
                 raise _ApiError(400, "Bad Request: message to delete not found")
         return True
 
+    def _api_getFile(self, params: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            found = self._state.files.get(str(params.get("file_id") or ""))
+        if found is None:
+            raise _ApiError(400, "Bad Request: invalid file_id")
+        path, data = found
+        if len(data) > MAX_DOWNLOAD_BYTES:
+            raise _ApiError(400, "Bad Request: file is too big")
+        return {"file_id": params["file_id"], "file_unique_id": "u" + str(params["file_id"]),
+                "file_size": len(data), "file_path": path}
+
     def _api_sendChatAction(self, params: dict[str, Any]) -> bool:
         return True
 
@@ -586,8 +659,27 @@ class _Handler(BaseHTTPRequestHandler):
         """Stay quiet: tests assert on recorded calls."""
 
     def do_GET(self) -> None:
-        """GET works for parameterless methods such as getMe, as on the real server."""
+        """GET works for parameterless methods such as getMe, as on the real server; /file/bot<token>/<path>
+        serves a file's bytes."""
+        prefix = f"/file/bot{self.fake.token}/"
+        if self.path.startswith(prefix):
+            return self._serve_file(self.path[len(prefix):])
         self._serve({})
+
+    def _serve_file(self, path: str) -> None:
+        data = self.fake.file_bytes(path)
+        if data is None:
+            return self._send(404, _error(404, "Not Found"))
+        with self.fake._lock:
+            self.fake.files_fetched.append(path)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
 
     def do_POST(self) -> None:
         """POST with a form or a JSON body, as PTB sends."""
