@@ -38,7 +38,8 @@ class OpenAITranscriber(Transcriber):
         self.language = language
         self.limits = limits
         self.time_limits = time_limits
-        self._client = AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", max_retries=max_retries,
+        self._api_key = api_key or "EMPTY"
+        self._client = AsyncOpenAI(base_url=base_url, api_key=self._api_key, max_retries=max_retries,
                                    timeout=httpx.Timeout(time_limits.first_token_seconds,
                                                          connect=time_limits.connect_seconds))
 
@@ -56,10 +57,12 @@ class OpenAITranscriber(Transcriber):
                                 f"{answer_seconds:g} s (OPENAI_FIRST_TOKEN_SECONDS)") from None
         except openai.APIConnectionError as error:
             raise SpeechUnavailable(f"cannot reach the transcription server at {self.base_url}: "
-                                    f"{_one_line(str(error.__cause__ or error))}") from None
+                                    f"{self._one_line(str(error.__cause__ or error))}") from None
         except openai.APIStatusError as error:
+            body = error.body
+            said = (body.get("message") if isinstance(body, dict) else body) or error.message
             raise SpeechUnavailable(f"the transcription server at {self.base_url} answered {error.status_code}: "
-                                    f"{_one_line(str(error.message))}") from None
+                                    f"{self._one_line(str(said))}") from None
         text = str(getattr(result, "text", "") or "").strip()
         return Transcript(text, str(getattr(result, "language", "") or ""), audio.seconds)
 
@@ -67,7 +70,9 @@ class OpenAITranscriber(Transcriber):
         """Close the client's connections."""
         await self._client.close()
 
-
-def _one_line(text: str) -> str:
-    text = re.sub(r"\s+", " ", text).strip()
-    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…"
+    def _one_line(self, text: str) -> str:
+        """Collapse whitespace, cut to a readable length, and never repeat the API key a server echoed back."""
+        if self._api_key != "EMPTY":
+            text = text.replace(self._api_key, "***")
+        text = re.sub(r"\s+", " ", text).strip()
+        return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…"
