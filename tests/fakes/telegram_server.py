@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 from tests.fakes.openai_server import json_bytes
 
@@ -661,9 +661,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         """GET works for parameterless methods such as getMe, as on the real server; /file/bot<token>/<path>
         serves a file's bytes."""
-        prefix = f"/file/bot{self.fake.token}/"
-        if self.path.startswith(prefix):
-            return self._serve_file(self.path[len(prefix):])
+        prefix, path = f"/file/bot{self.fake.token}/", unquote(self.path)  # clients may send the token's ':' as %3A
+        if path.startswith(prefix):
+            return self._serve_file(path[len(prefix):])
         self._serve({})
 
     def _serve_file(self, path: str) -> None:
