@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -42,7 +43,10 @@ def fit_picture(data: bytes, max_side: int) -> Picture:
     its longer side is at most `max_side` pixels (never enlarged). Raises `NotAnImage` when Pillow cannot read it,
     or when its header claims more than MAX_SOURCE_PIXELS."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked just below
+            image = Image.open(io.BytesIO(data))
+        with image:
             if image.width * image.height > MAX_SOURCE_PIXELS:
                 raise NotAnImage(f"the picture is {image.width}×{image.height} pixels, far too large to read")
             image.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale when that suffices
