@@ -14,7 +14,8 @@ RUN useradd --create-home --uid 1000 qwenbot
 WORKDIR /app
 COPY . .
 # setup.sh creates .venv, installs the package (editable, so /app is "the checkout" and DATA_DIR defaults to
-# /app/data) and fetches the offline assets: Qwen's tiktoken vocabulary into /app/data and the 98 MB test model.
+# /app/data) and fetches the offline assets: Qwen's tiktoken vocabulary into /app/data, the 98 MB test model, and
+# whisper-base for voice questions (/app/.cache/models/whisper-base: set ASR_MODEL to it to need no hub download).
 RUN --mount=type=cache,target=/root/.cache/pip bash scripts/setup.sh && chown -R qwenbot:qwenbot /app/data
 
 USER qwenbot
