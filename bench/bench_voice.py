@@ -7,8 +7,12 @@ Part 1, the real-time factor. The bot's own local speech backend (`LocalTranscri
 decoding, faster-whisper with the whisper-base weights in int8 that scripts/fetch_assets.sh fetches) transcribes
 tests/data/question_en.ogg (2.9 s), question_zh.ogg (9.3 s) and a 60-second voice note: the English question over
 and over with a second's pause between, encoded as Telegram sends voice notes (OGG/Opus, with PyAV). RTF is the
-seconds a transcription takes, decoding included, over the seconds of audio (below 1: faster than it was spoken).
-The model is loaded, and one warm-up recording transcribed, before anything is timed.
+seconds a transcription takes, decoding included, over the seconds of audio (below 1: faster than it was spoken);
+on a machine others load too, the wall-clock figure says more about them than about whisper, so the CPU time the
+process spent (all its threads; nothing else runs meanwhile) is shown beside it: `cpu_rtf` is CPU seconds per
+second of audio, what the transcription costs whatever the load (on an idle box its wall-clock RTF is about
+`cpu_rtf` divided by the threads it may use). The model is loaded, and one warm-up recording transcribed, before
+anything is timed.
 
 Part 2, other chats while a voice note is transcribed. The local chat engine (`LocalLLM` on the offline
 SmolLM2-135M GGUF: the model thread the bot's chats share) answers another chat's model calls of exactly
@@ -80,14 +84,16 @@ async def real_time_factors(transcriber: LocalTranscriber, recordings: dict[str,
     """Per recording: its length, the median seconds to transcribe it, the RTF, and what was heard."""
     rows = {}
     for name, data in recordings.items():
-        times, transcript = [], None
+        times, cpu_times, transcript = [], [], None
         for _ in range(repeat):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             transcript = await transcriber.transcribe(data)
             times.append(time.perf_counter() - started)
-        taken = median(times)
+            cpu_times.append(time.process_time() - cpu_started)
+        taken, cpu = median(times), median(cpu_times)
         rows[name] = {"audio_s": round(transcript.audio_seconds, 2), "median_s": round(taken, 2),
-                      "rtf": round(taken / transcript.audio_seconds, 3), "language": transcript.language,
+                      "rtf": round(taken / transcript.audio_seconds, 3), "cpu_s": round(cpu, 2),
+                      "cpu_rtf": round(cpu / transcript.audio_seconds, 3), "language": transcript.language,
                       "heard": transcript.text[:80]}
     return rows
 
@@ -138,8 +144,9 @@ async def run(args: argparse.Namespace) -> dict:
             try:
                 await transcriber.load()
                 await transcriber.transcribe(recordings["question_en.ogg"])  # warm-up
-                row = {"rtf": await real_time_factors(transcriber, recordings, args.repeat),
-                       "other_chat": await other_chat(llm, transcriber, note, args.calls, args.new_tokens)}
+                row = {"rtf": await real_time_factors(transcriber, recordings, args.repeat)}
+                if not args.no_chat:
+                    row["other_chat"] = await other_chat(llm, transcriber, note, args.calls, args.new_tokens)
             finally:
                 await transcriber.close()
             report["rows"][f"ASR_CPU_THREADS={threads}"] = row
@@ -156,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="transcriptions of each recording (median shown)")
     parser.add_argument("--calls", type=int, default=5, help="the other chat's calls alone (and at least during)")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens in each of the other chat's calls")
+    parser.add_argument("--no-chat", action="store_true", help="part 1 only (no other chat)")
     parser.add_argument("--json", type=Path, help="also write the report to this file")
     args = parser.parse_args(argv)
     for needed in (WHISPER / "model.bin", GGUF):

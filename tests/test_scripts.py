@@ -57,7 +57,8 @@ def project(tmp_path: Path) -> Path:
     (copy / ".venv" / "bin").mkdir(parents=True)
     write_script(copy / ".venv" / "bin" / "python", FAKE_PYTHON)
     write_script(tmp_path / "fake-qwenbot", FAKE_QWENBOT)
-    for asset in ("data/qwen.tiktoken", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"):  # fetched already
+    for asset in ("data/qwen.tiktoken", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                  ".cache/models/whisper-base/model.bin"):  # fetched already
         (copy / asset).parent.mkdir(parents=True, exist_ok=True)
         (copy / asset).write_bytes(b"x")
     return copy
