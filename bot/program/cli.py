@@ -1,5 +1,5 @@
 """The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), migrate, tools,
-mcp, doctor.
+mcp, doctor, backup, restore.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -26,6 +26,7 @@ from bot.program.mcp_reports import added_text, servers_text
 from bot.program.services import mcp_hub, open_settings_database, start_services
 from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from db import BotError, Database
+from db.backup import backup_database, restore_database
 from tools import build_registry
 from tools.errors import McpConfigError
 from tools.mcp import McpHub
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help="TURN_TIMEOUT_SECONDS for this run (all questions queue for one model at once)")
     commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
     add_mcp_parser(commands)
+    add_backup_parsers(commands)
     return parser
 
 
@@ -76,6 +78,15 @@ def add_mcp_parser(commands: argparse._SubParsersAction) -> None:
     add.add_argument("headers", nargs="*", metavar="Header=value", help="HTTP headers sent with every request")
     delete = actions.add_parser("del", help="forget a server, its tools and their settings")
     delete.add_argument("name")
+
+
+def add_backup_parsers(commands: argparse._SubParsersAction) -> None:
+    """`qwenbot backup PATH` (safe while the bot runs) and `qwenbot restore PATH` (only while it does not)."""
+    backup = commands.add_parser("backup", help="copy the database to PATH, safely while the bot runs")
+    backup.add_argument("path", help="the backup file, or a folder (existing, or ending in /) to put a dated file in")
+    restore = commands.add_parser("restore", help="replace the database with the backup at PATH (the bot stopped); "
+                                                  "the old one is kept as <database>.before-restore")
+    restore.add_argument("path", type=Path, help="a file written by qwenbot backup")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -227,6 +238,28 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(job)
 
 
+def backup_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Copy the database at DATABASE_PATH to PATH with SQLite's online backup; print where and how large."""
+    storage = settings.storage
+    report = backup_database(storage.database_path, args.path,
+                             busy_timeout_seconds=storage.database_busy_timeout_seconds)
+    print(f"backed up {storage.database_path} to {report.path} ({report.size_bytes:,} bytes, schema "
+          f"{report.schema}, integrity ok)")
+    return 0
+
+
+def restore_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Replace the database at DATABASE_PATH with a backup, unless a bot serves it; print what was kept."""
+    report = restore_database(args.path, settings.storage.database_path)
+    print(f"restored {report.path} from {args.path} (schema {report.schema}, integrity ok)")
+    if report.previous is not None:
+        print(f"the database as it was is kept in {report.previous}")
+    if report.pending:
+        print(f"{len(report.pending)} newer migration(s) apply at the next start or `qwenbot migrate`: "
+              f"{', '.join(report.pending)}")
+    return 0
+
+
 def cli_session(session_id: str) -> Session:
     """A terminal session: its own history, tool settings of the 'cli' chat."""
     return Session(id=session_id, chat_key="cli", kind="cli")
@@ -257,6 +290,8 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "ask": ask_command,
     "chat": chat_command,
     "eval": eval_command,
+    "backup": backup_command,
+    "restore": restore_command,
 }
 
 if __name__ == "__main__":
