@@ -99,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_env()
         configure_logging(settings.logging.log_level,
-                          secrets=[settings.telegram.telegram_bot_token, settings.openai.openai_api_key])
+                          secrets=[settings.telegram.telegram_bot_token, settings.openai.openai_api_key],
+                          log_format=settings.logging.log_format)
         return COMMANDS[args.command](settings, args)
     except USER_ERRORS as error:
         # A token pasted into the wrong variable may be part of the message (a path, say): never show it.
