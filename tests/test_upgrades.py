@@ -108,6 +108,9 @@ FIXTURES: dict[str, list[Row] | Nothing] = {
         Row("chat_options", {"scope": "global", "name": "require_tool_call", "value": "on"}),
         Row("chat_options", {"scope": "tg:1001", "name": "require_tool_call", "value": "off"}),
     ),
+    "0016_health_checks": rows(
+        Row("health_checks", {"id": 1, "checked_at": "2025-05-01T10:00:30.000Z"}),
+    ),
 }
 
 

@@ -107,7 +107,7 @@ class ScriptedLLM(LLM):
         completion = self._next_completion(request, messages, stop)
         if on_text is not None:
             await self._stream(completion.text, on_text, cancel)
-        return completion
+        return self.counters.count(completion)
 
     def _next_completion(self, request: Request, messages: Sequence[Message], stop: Sequence[str]) -> Completion:
         if not self.replies:

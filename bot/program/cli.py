@@ -1,5 +1,5 @@
 """The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), migrate, tools,
-mcp, doctor, backup, restore.
+mcp, doctor, backup, restore, health.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -87,6 +87,8 @@ def add_backup_parsers(commands: argparse._SubParsersAction) -> None:
     restore = commands.add_parser("restore", help="replace the database with the backup at PATH (the bot stopped); "
                                                   "the old one is kept as <database>.before-restore")
     restore.add_argument("path", type=Path, help="a file written by qwenbot backup")
+    commands.add_parser("health", help="ask the running bot's /healthz (METRICS_PORT); exit 0 when healthy, 1 when "
+                                       "not: for container healthchecks and timers")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -261,6 +263,24 @@ def restore_command(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def health_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Ask the running bot's /healthz; print what it says; 0 when healthy, 1 when not (or when nothing answers)."""
+    import httpx
+
+    metrics = settings.metrics
+    if not metrics.metrics_port:
+        raise ConfigError("the health endpoint is off: set METRICS_PORT (and restart the bot) to ask it")
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(metrics.metrics_host, metrics.metrics_host)
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{metrics.metrics_port}/healthz"
+    try:
+        response = httpx.get(url, timeout=metrics.health_check_timeout_seconds * 3)
+    except httpx.HTTPError as error:
+        print(f"unhealthy: nothing answers at {url} ({error})")
+        return 1
+    print(response.text.rstrip())
+    return 0 if response.status_code == 200 else 1
+
+
 def cli_session(session_id: str) -> Session:
     """A terminal session: its own history, tool settings of the 'cli' chat."""
     return Session(id=session_id, chat_key="cli", kind="cli")
@@ -293,6 +313,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "eval": eval_command,
     "backup": backup_command,
     "restore": restore_command,
+    "health": health_command,
 }
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from telegram.ext import CallbackContext, ExtBot
 
 from bot.program.config import Settings
+from bot.program.metrics import BotMetrics
 from bot.telegram.access import AccessControl
 from bot.telegram.progress import ProgressLedger
 from bot.telegram.refusals import RefusalLog
@@ -27,6 +28,9 @@ SETTINGS = "settings"
 REFUSALS = "refusals"
 DRAFTS = "drafts"
 PROGRESS = "progress"
+METRICS = "metrics"
+TELEGRAM_CALLS = "telegram_calls"
+HEALTH = "health"
 
 
 class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
@@ -61,6 +65,11 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
     def refusals(self) -> RefusalLog:
         """Who was refused lately (told once per REFUSAL_INTERVAL_SECONDS)."""
         return self.bot_data[REFUSALS]
+
+    @property
+    def metrics(self) -> BotMetrics:
+        """The bot's Prometheus metrics (bot/program/metrics.py), put there by `build_application`."""
+        return self.bot_data[METRICS]
 
     @property
     def drafts(self) -> DraftSupport:

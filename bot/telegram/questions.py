@@ -17,6 +17,7 @@ from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.events import AnswerText, EventSink, ToolStarted
 from agent.memory import Session
 from bot.program.config import Settings
+from bot.program.metrics import TurnTimer
 from bot.telegram.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
@@ -103,10 +104,12 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
                             typing_every=context.settings.streaming.typing_interval_seconds,
                             progress_after=context.settings.streaming.progress_after_seconds, ledger=context.progress)
     stream = answer_stream(context, message)
+    timer = context.metrics.timer()
     try:
         try:
             async with feedback, stream:
-                answer = await agent_answer(context, session, question, slot, lang, turn_events(feedback, stream))
+                answer = await agent_answer(context, session, question, slot, lang, turn_events(feedback, stream),
+                                            timer)
         except BaseException:  # a bug (the error handler apologises) or the task cancelled: what streamed is cut
             await stream.stop(text("answer_stopped", lang))
             raise
@@ -116,6 +119,7 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
             await deliver(context, stream, answer, slot)
     finally:
         await feedback.remove()  # the answer (or the apology of the error handler) replaces it
+        timer.end(stream.first_shown)
 
 
 def answer_stream(context: BotContext, message: Message) -> AnswerStream:
@@ -157,27 +161,35 @@ async def deliver(context: BotContext, stream: AnswerStream, answer: str, slot: 
 
 
 async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
-                       on_event: EventSink) -> str | None:
-    """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
+                       on_event: EventSink, timer: TurnTimer) -> str | None:
+    """The agent's answer, an apology when the model failed, or None when the turn was cancelled; `timer` learns
+    how the turn ended."""
     if slot.source_key and (stored := await context.services.memory.stored_answer(slot.source_key)) is not None:
+        timer.status = None  # not a new turn
         return stored  # a redelivered update (restart): answer it again, do not store it twice
     try:
         result = await context.services.agent.run(session, question, user_id=slot.user_id,
                                                   source_key=slot.source_key,
                                                   on_event=on_event, cancel=slot.cancel)
     except LLMTimeout:
+        timer.status = "timeout"
         return text("timeout", lang)
     except LLMCancelled:
+        timer.status = "cancelled"
         # /cancel already said "stopped"; a turn stopped by shutdown stays unhandled in the update journal and is
         # answered after the restart (bot/telegram/intake.py).
         return None if slot.cancelled_by in (BY_USER, BY_SHUTDOWN) else text("timeout", lang)
     except LLMError as error:
+        timer.status = "error"
         log.warning("model failed in %s: %s", session.id, error)
         return text("model_error", lang)
     except DatabaseBusy as error:
+        timer.status = "database_busy"
         # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS: nothing of the turn was stored.
         log.warning("database busy in %s: %s", session.id, error)
         return text("busy", lang)
+    timer.status = str(result.status)
+    context.metrics.tools_used(result)
     return result.answer
 
 
