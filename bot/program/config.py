@@ -164,6 +164,7 @@ class OpenAISettings:
     openai_first_token_seconds: float = StreamLimits.first_token_seconds
     openai_silence_seconds: float = StreamLimits.silence_seconds
     openai_startup_seconds: float = 60.0
+    openai_server_wait_seconds: float = 0.0
     openai_max_retries: int = 3
     openai_grammar: str = "off"
 
@@ -172,7 +173,7 @@ class OpenAISettings:
         one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
         positive(self, ("openai_connect_timeout_seconds", "openai_first_token_seconds", "openai_silence_seconds",
                         "openai_startup_seconds"))
-        not_negative(self, ("openai_max_retries",))
+        not_negative(self, ("openai_max_retries", "openai_server_wait_seconds"))
 
 
 @dataclass(frozen=True)
