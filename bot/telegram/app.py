@@ -238,14 +238,16 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
 
 
 def _health_helpers(application: Application, settings: Settings) -> list[asyncio.Task]:
-    """What keeps the health checks true while serving: a getMe when Telegram has not been reached for a while
-    (with the endpoint on), and systemd's watchdog pinged while healthy (when systemd asks for it)."""
-    helpers = []
-    if settings.metrics.metrics_port:
-        every = settings.metrics.health_telegram_seconds / 2
-        helpers.append(asyncio.create_task(keep_in_touch(application.bot, application.bot_data[TELEGRAM_CALLS], every),
-                                           name="telegram-keep-in-touch"))
-    if (interval := systemd.watchdog_seconds()) is not None:
+    """What keeps the health checks true while serving, when anything asks them (METRICS_PORT, or systemd's
+    WatchdogSec): a getMe whenever Telegram has not been reached for half of HEALTH_TELEGRAM_SECONDS, and the
+    watchdog pinged while healthy."""
+    interval = systemd.watchdog_seconds()
+    if not settings.metrics.metrics_port and interval is None:
+        return []
+    every = settings.metrics.health_telegram_seconds / 2
+    helpers = [asyncio.create_task(keep_in_touch(application.bot, application.bot_data[TELEGRAM_CALLS], every),
+                                   name="telegram-keep-in-touch")]
+    if interval is not None:
         helpers.append(asyncio.create_task(systemd.watchdog(application.bot_data[HEALTH].run, interval / 2),
                                            name="systemd-watchdog"))
     return helpers
