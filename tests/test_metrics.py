@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -253,3 +254,10 @@ def test_the_method_label_never_holds_the_token_and_results_are_classes():
     assert method_of("https://api.telegram.org/bot123456:SECRET-token/sendMessage") == "sendMessage"
     assert method_of("https://api.telegram.org/file/bot123456:SECRET-token/photos/file_1.jpg") == "file"
     assert [result_of(code) for code in (200, 400, 403, 429, 500, 502)] == ["ok", "4xx", "4xx", "429", "5xx", "5xx"]
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_the_bot_exposes():
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "deploy" / "grafana-dashboard.json").read_text())
+    asked = {re.sub(r"_(total|bucket|sum|count)$", "", name) for panel in dashboard["panels"]
+             for target in panel["targets"] for name in re.findall(r"qwenbot_\w+", target["expr"])}
+    assert asked and asked <= FAMILIES, asked - FAMILIES
