@@ -127,9 +127,12 @@ status=$("${PODMAN[@]}" inspect "$NAME" --format '{{.State.ExitCode}}')
 [ "$status" = 0 ] || fail "stopped with exit status $status"
 "${PODMAN[@]}" logs "$NAME" 2>&1 | "$PYTHON" -c '
 import json, sys
+# `qwenbot migrate` prints what it applied on stdout, before the bot starts; the log is everything else.
 lines = [line for line in sys.stdin if line.strip() and not line.startswith("applied ")]
 entries = [json.loads(line) for line in lines]
-print(f"   {len(entries)} log lines, all JSON; last: {entries[-1][\"message\"]!r}")' || fail "a log line that is not JSON"
+first, last = entries[0]["message"], entries[-1]["message"]
+print(f"   {len(entries)} log lines, all JSON; first: {first!r}, last: {last!r}")
+' || fail "a log line that is not JSON"
 ok "SIGTERM stopped it cleanly (exit 0), its log is JSON lines"
 "${PODMAN[@]}" rm "$NAME" >/dev/null
 
