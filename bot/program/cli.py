@@ -23,10 +23,13 @@ from bot.program.config import ConfigError, Settings
 from bot.program.evaluation import copy_database, evaluate, load_cases, summary
 from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
+from bot.program.retrieval import DEFAULT_K, corpus_files, default_corpus, evaluate_retrieval, load_retrieval_cases, \
+    retrieval_summary
 from bot.program.services import mcp_hub, open_settings_database, start_services
 from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from db import BotError, Database
 from tools import build_registry
+from tools.docs_index import DEFAULT_FORM, FORMS
 from tools.errors import McpConfigError
 from tools.mcp import McpHub
 from tools.mcp_store import parse_headers, read_config, url_server
@@ -60,6 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--report", type=Path, help="also write every answer and figure to this JSON file")
     evaluation.add_argument("--turn-timeout", type=float, metavar="SECONDS",
                             help="TURN_TIMEOUT_SECONDS for this run (all questions queue for one model at once)")
+    evaluation.add_argument("--retrieval", action="store_true",
+                            help='document search only: recall@k of the chunk that answers each question; lines '
+                                 'are {"q": ..., "doc": NAME, "heading": "Section › Part"} (no model)')
+    evaluation.add_argument("--corpus", type=Path, action="append", metavar="PATH",
+                            help="--retrieval: a document or folder to index (repeatable; default: the corpus "
+                                 "folder beside FILE, e.g. evals/docs/corpus for evals/docs.jsonl)")
+    evaluation.add_argument("--tokenizer", choices=sorted(FORMS), default=DEFAULT_FORM.name,
+                            help=f"--retrieval: how the scratch index is built (default {DEFAULT_FORM.name}, "
+                                 "the shipped one)")
+    evaluation.add_argument("-k", type=int, default=DEFAULT_K, help=f"--retrieval: results looked at ({DEFAULT_K})")
     commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
     add_mcp_parser(commands)
     return parser
@@ -182,7 +195,10 @@ def ask_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def eval_command(settings: Settings, args: argparse.Namespace) -> int:
-    """Run a question set through the real agent, on a copy of the database; print the score and the failures."""
+    """Run a question set through the real agent, on a copy of the database; print the score and the failures.
+    With --retrieval, only the document search, on a scratch index of the corpus."""
+    if args.retrieval:
+        return retrieval_command(settings, args)
     cases = load_cases(args.file)
     timeout = args.turn_timeout or settings.agent.turn_timeout_seconds
 
@@ -198,6 +214,20 @@ def eval_command(settings: Settings, args: argparse.Namespace) -> int:
                 await services.close()
         report.about = evaluated(settings)
         print("\n".join(summary(report, str(args.file))))
+        if args.report:
+            args.report.write_text(json.dumps(report.as_json(), ensure_ascii=False, indent=2), encoding="utf-8")
+        return 0
+    return run_async(job)
+
+
+def retrieval_command(settings: Settings, args: argparse.Namespace) -> int:
+    """recall@k of docs_search on a question set; print a line per question and the figures."""
+    cases = load_retrieval_cases(args.file)
+    corpus = corpus_files(args.corpus or [default_corpus(args.file)])
+
+    async def job() -> int:
+        report = await evaluate_retrieval(cases, corpus, settings.docs.limits(), FORMS[args.tokenizer], args.k)
+        print("\n".join(retrieval_summary(report, str(args.file))))
         if args.report:
             args.report.write_text(json.dumps(report.as_json(), ensure_ascii=False, indent=2), encoding="utf-8")
         return 0
