@@ -3,7 +3,7 @@
 -- ('tg:<chat_id>', 'cli'). A document is replaced by a new version of the same name in the same scope, keeping its
 -- id; its chunks are rewritten in the same transaction.
 CREATE TABLE documents (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,      -- never reused: a late /doc_del ID cannot hit a newer document
     name TEXT NOT NULL,                        -- the file's name as sent (team-guide.pdf)
     title TEXT NOT NULL,                       -- its first level-1 heading, metadata title, or name without suffix
     kind TEXT NOT NULL,                        -- md, txt, pdf, docx, html…: the suffix it was read as
@@ -23,7 +23,7 @@ CREATE INDEX documents_by_hash ON documents (sha256, scope);
 -- Each document cut by headings and paragraphs (tools/docs_chunks.py): `heading` is the path above the text
 -- ("Guide › Setup › Tokens"), `position` its order in the document (neighbours are position ± 1).
 CREATE TABLE document_chunks (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,      -- never reused: a chunk id the model saw names that chunk or none
     document_id INTEGER NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
     position INTEGER NOT NULL,
     heading TEXT NOT NULL,

@@ -205,7 +205,7 @@ class DocumentLibrary:
         """The document `doc_id`; `DocumentError` when there is none."""
         row = await self.db.fetchone(f"SELECT {_COLUMNS} FROM documents WHERE id = ?", (doc_id,))
         if row is None:
-            raise DocumentError(f"there is no document #{doc_id} (/docs lists them)")
+            raise DocumentError(f"there is no document #{doc_id} (/docs and qwenbot docs list show them)")
         return DocumentInfo(*row)
 
     async def documents(self, chat_key: str | None = None) -> list[DocumentInfo]:

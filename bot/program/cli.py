@@ -1,5 +1,5 @@
 """The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), migrate, tools,
-mcp, doctor.
+mcp, docs, doctor.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -25,12 +25,15 @@ from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
 from bot.program.retrieval import DEFAULT_K, corpus_files, default_corpus, evaluate_retrieval, load_retrieval_cases, \
     retrieval_summary
-from bot.program.services import mcp_hub, open_settings_database, start_services
+from bot.program.doc_reports import added_text, documents_text
+from bot.program.services import docs_tools, document_library, mcp_hub, open_settings_database, start_services
 from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from db import BotError, Database
 from tools import build_registry
+from tools.docs_convert import SUFFIXES
 from tools.docs_index import DEFAULT_FORM, FORMS
-from tools.errors import McpConfigError
+from tools.docs_store import DocumentLibrary, Upload
+from tools.errors import DocumentError, McpConfigError
 from tools.mcp import McpHub
 from tools.mcp_store import parse_headers, read_config, url_server
 from tools.settings import GLOBAL, ToolSettings
@@ -75,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("-k", type=int, default=DEFAULT_K, help=f"--retrieval: results looked at ({DEFAULT_K})")
     commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
     add_mcp_parser(commands)
+    add_docs_parser(commands)
     return parser
 
 
@@ -89,6 +93,23 @@ def add_mcp_parser(commands: argparse._SubParsersAction) -> None:
     add.add_argument("headers", nargs="*", metavar="Header=value", help="HTTP headers sent with every request")
     delete = actions.add_parser("del", help="forget a server, its tools and their settings")
     delete.add_argument("name")
+
+
+def add_docs_parser(commands: argparse._SubParsersAction) -> None:
+    """`qwenbot docs add|list|del|search`: the team's documents, as admins manage them from Telegram."""
+    docs = commands.add_parser("docs", help="the team's documents: add, list, delete or search them")
+    actions = docs.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = actions.add_parser("add", help="add files (.md .txt .pdf .docx .html), or every such file in a folder")
+    add.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    add.add_argument("--scope", default=GLOBAL, help="where they may be searched: global (default) or a chat key "
+                                                    "(e.g. tg:-1001234567890)")
+    listing = actions.add_parser("list", help="the documents, with scope, chunks, size and who added them")
+    listing.add_argument("--chat", help="only those a chat key sees (default: all)")
+    delete = actions.add_parser("del", help="remove a document and its chunks")
+    delete.add_argument("id", type=int)
+    search = actions.add_parser("search", help="print the top chunks for a query, as docs_search returns them")
+    search.add_argument("query")
+    search.add_argument("--chat", default=GLOBAL, help="search as this chat key sees (default: global documents)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,6 +180,54 @@ def mcp_command(settings: Settings, args: argparse.Namespace) -> int:
             print(f"Removed {args.name}" + (f" and its tools ({', '.join(removed)})." if removed else "."))
         return 0
     return with_mcp(settings, job)
+
+
+def docs_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Add, list, delete or search documents in the bot's database (a running bot sees the changes at once)."""
+    async def job() -> int:
+        db = await open_settings_database(settings)
+        try:
+            library = document_library(settings, db)
+            if args.action == "add":
+                return await add_documents(library, args.paths, args.scope)
+            if args.action == "list":
+                print(documents_text(await library.documents(args.chat)))
+            elif args.action == "del":
+                removed = await library.remove(args.id)
+                print(f"Removed {removed.label()} and its {removed.chunk_count} chunks.")
+            else:
+                chat = None if args.chat == GLOBAL else args.chat
+                print(await docs_tools(settings, library).search(args.query, chat))
+            return 0
+        finally:
+            await db.close()
+    return run_async(job)
+
+
+async def add_documents(library: DocumentLibrary, paths: Sequence[Path], scope: str) -> int:
+    """Add each file (each supported file of a folder): a line each, refusals on stderr; 2 when any was refused."""
+    failed = False
+    for path in document_files(paths):
+        try:
+            added = await library.add(Upload(path.name, path.read_bytes(), scope=scope,
+                                             added_by_name="qwenbot docs add"))
+        except (DocumentError, OSError) as error:
+            print(f"qwenbot: {error if isinstance(error, DocumentError) else f'{path}: {error}'}", file=sys.stderr)
+            failed = True
+            continue
+        print(f"{path}: {added_text(added)}")
+    return 2 if failed else 0
+
+
+def document_files(paths: Sequence[Path]) -> list[Path]:
+    """The files named, and the supported files inside the folders named (other types there are skipped)."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+        else:
+            found.append(path)  # a missing or unsupported file gets its own line when it is added
+    return found
 
 
 def with_mcp(settings: Settings, job: Callable[[Database, McpHub], Awaitable[int]]) -> int:
@@ -287,6 +356,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "ask": ask_command,
     "chat": chat_command,
     "eval": eval_command,
+    "docs": docs_command,
 }
 
 if __name__ == "__main__":

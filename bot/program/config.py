@@ -56,8 +56,17 @@ class TelegramSettings:
 
     telegram_bot_token: str = ""
     telegram_base_url: str = "https://api.telegram.org/bot"
+    telegram_base_file_url: str = ""  # where files are downloaded from; empty: TELEGRAM_BASE_URL's …/bot as …/file/bot
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
+
+    def file_url(self) -> str:
+        """Where the bot downloads files (getFile's paths): TELEGRAM_BASE_FILE_URL, else TELEGRAM_BASE_URL with its
+        /bot ending as /file/bot, as the Bot API serves them (api.telegram.org/bot → api.telegram.org/file/bot)."""
+        if self.telegram_base_file_url:
+            return self.telegram_base_file_url
+        base = self.telegram_base_url.rstrip("/")
+        return base[:-len("/bot")] + "/file/bot" if base.endswith("/bot") else base + "/file/bot"
 
 
 @dataclass(frozen=True)
