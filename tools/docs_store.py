@@ -7,7 +7,7 @@
 Adding is all or nothing: the file is checked (type, DOCS_MAX_FILE_MB) and converted first, outside any
 transaction; then one transaction checks the total budget (DOCS_MAX_TOTAL_MB of text), writes the document, its
 chunks, their index rows and the audit row. A refusal is a `DocumentError` and leaves the database as it was. The
-same file (same SHA-256) added again in the same scope changes nothing; a different file of the same name in the
+same file (same SHA-256) added again where it is searchable already (its scope, or global) changes nothing; a different file of the same name in the
 same scope replaces the old version under the same id.
 
 A chat sees the documents whose scope is 'global' or its own chat key; searching, reading a chunk and listing all
@@ -268,11 +268,12 @@ class DocumentLibrary:
     # --- inside the transactions ---------------------------------------------------------------------------
 
     async def _same_file(self, digest: str, scope: str, conn: Any = None) -> DocumentInfo | None:
-        sql = f"SELECT {_COLUMNS} FROM documents WHERE sha256 = ? AND scope = ? ORDER BY id LIMIT 1"
+        """The document holding this very file where `scope` sees it already (in that scope, or global)."""
+        sql = f"SELECT {_COLUMNS} FROM documents WHERE sha256 = ? AND scope IN (?, ?) ORDER BY id LIMIT 1"
         if conn is None:
-            row = await self.db.fetchone(sql, (digest, scope))
+            row = await self.db.fetchone(sql, (digest, scope, GLOBAL))
         else:
-            async with conn.execute(sql, (digest, scope)) as cursor:
+            async with conn.execute(sql, (digest, scope, GLOBAL)) as cursor:
                 row = await cursor.fetchone()
         return DocumentInfo(*row) if row is not None else None
 

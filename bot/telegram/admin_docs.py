@@ -3,7 +3,8 @@
     a file sent to the bot in a private chat          an admin's is added, searchable in that chat
     a file with the caption /doc_add [global]         the same, in a group (or private): here, or every chat
     /doc_add [global] in reply to a message with a file
-    /docs [all]                                       the documents this chat can search (all: every one, admins)
+    /docs all                                         every document, wherever it may be searched (plain /docs,
+                                                      the documents this chat can search, is a user command)
     /doc_del ID, /doc_scope ID global|here            admins
 
 Each file gets one reply line: added, replaced (a new version of the same name), unchanged (the same file), or
@@ -22,7 +23,7 @@ from telegram.error import TelegramError
 
 from bot.program.doc_reports import added_text, documents_text
 from bot.telegram.admin import admin_only, arguments
-from bot.telegram.chat import allowed, reply, reply_or_refuse, session_for
+from bot.telegram.chat import reply, reply_or_refuse, session_for
 from bot.telegram.context import BotContext
 from tools.docs_convert import MB, check_type, megabytes
 from tools.docs_store import Upload
@@ -38,7 +39,6 @@ USAGE = {
                 "documents searchable here (or in every chat)"),
     "doc_del": "/doc_del ID (the number /docs shows)",
     "doc_scope": "/doc_scope ID global|here: where the document may be searched",
-    "docs": "/docs, or /docs all (admins: every document, wherever it may be searched)",
 }
 CAPTION_COMMAND = re.compile(r"^/doc_add(@\w+)?(\s|$)", re.IGNORECASE)  # a file's caption that adds it
 
@@ -74,7 +74,7 @@ async def doc_add_caption(update: Update, context: BotContext) -> None:
 
 async def doc_add(update: Update, context: BotContext) -> None:
     """/doc_add [global] in reply to a message with a file."""
-    if not await admins_only(update, context):
+    if not await admin_only(update, context):
         return
     args = [word.lower() for word in arguments(update)]
     replied = update.effective_message.reply_to_message
@@ -136,22 +136,12 @@ def too_big_for_bots(name: str, size: int) -> str:
 
 # --- listing, deleting, scoping --------------------------------------------------------------------------------
 
-async def docs(update: Update, context: BotContext) -> None:
-    """/docs: the documents this chat can search; /docs all (admins): every document, with its scope."""
-    args = [word.lower() for word in arguments(update)]
-    if args == ["all"]:
-        if not await admin_only(update, context):
-            return
-        chat_key = None
-    elif args:
-        return await usage(update, "docs")
-    else:
-        if not await allowed(update, context):
-            return
-        chat_key = session_for(update.effective_message).chat_key
+async def docs_all(update: Update, context: BotContext) -> None:
+    """/docs all: every document, wherever it may be searched (plain /docs is in bot/telegram/handlers.py)."""
+    if not await admin_only(update, context):
+        return
     here = session_for(update.effective_message).chat_key
-    listing = documents_text(await context.services.documents.documents(chat_key), here)
-    await reply(update.effective_message, listing)
+    await reply(update.effective_message, documents_text(await context.services.documents.documents(), here))
 
 
 async def doc_del(update: Update, context: BotContext) -> None:

@@ -108,12 +108,14 @@ def register_handlers(application: Application) -> None:
         "allow": admin.allow, "deny": admin.deny, "admins": admin.admins, "stats": admin.stats,
         "mcp_add": admin_mcp.mcp_add, "mcp_list": admin_mcp.mcp_list, "mcp_del": admin_mcp.mcp_del,
         "mcp_refresh": admin_mcp.mcp_refresh,
-        "docs": admin_docs.docs, "doc_add": admin_docs.doc_add, "doc_del": admin_docs.doc_del,
+        "docs": handlers.docs, "doc_add": admin_docs.doc_add, "doc_del": admin_docs.doc_del,
         "doc_scope": admin_docs.doc_scope,
     }
-    # `/tools all` (admins) before plain `/tools`: the first matching handler of a group wins.
+    # `/tools all` and `/docs all` (admins) before plain `/tools` and `/docs`: the first matching handler wins.
     application.add_handler(CommandHandler("tools", admin.tools_all, filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
     application.add_handler(CommandHandler("tools", handlers.tools, filters=typed))
+    application.add_handler(CommandHandler("docs", admin_docs.docs_all,
+                                           filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
     for name, callback in commands.items():
         application.add_handler(CommandHandler(name, callback, filters=typed))
     application.add_handler(MessageHandler(new & filters.StatusUpdate.MIGRATE, handlers.on_migrate))

@@ -650,8 +650,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(params)
 
     def _serve(self, params: dict[str, Any]) -> None:
-        if self.path.startswith(f"/file/bot{self.fake.token}/"):
-            return self._serve_file(self.path[len(f"/file/bot{self.fake.token}/"):])
+        files = f"/file/bot{self.fake.token}/"
+        if unquote(self.path).startswith(files):  # clients quote the path, the token's colon included
+            return self._serve_file(unquote(self.path)[len(files):])
         prefix = f"/bot{self.fake.token}/"
         if not self.path.startswith(prefix):
             return self._send(401, _error(401, "Unauthorized"))
@@ -673,7 +674,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve_file(self, path: str) -> None:
         """A file download, as the real server serves one: the bytes, or 404."""
-        content = self.fake.download(unquote(path.split("?")[0]))
+        content = self.fake.download(path.split("?")[0])
         self.fake._record("download", {"file_path": path}, 200 if content is not None else 404, {})
         if content is None:
             return self._send(404, _error(404, "Not Found"))
