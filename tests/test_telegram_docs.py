@@ -159,5 +159,5 @@ async def test_a_new_version_replaces_the_old_one(start_bot, telegram_server):
     second = await send_file(bot, TEAM, ADMIN, "expenses.txt", b"Claims are due by the 20th.\n\nNew rules.",
                              caption="/doc_add")
     assert first.startswith("✅ Added #1 expenses.txt") and second.startswith("✅ Replaced #1 expenses.txt")
-    assert "1 chunks (was 1)" in second
+    assert "1 chunk (was 1)" in second
     assert await bot.query("SELECT body FROM document_chunks") == [("Claims are due by the 20th.\n\nNew rules.",)]

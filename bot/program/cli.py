@@ -25,7 +25,7 @@ from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
 from bot.program.retrieval import DEFAULT_K, corpus_files, default_corpus, evaluate_retrieval, load_retrieval_cases, \
     retrieval_summary
-from bot.program.doc_reports import added_text, documents_text
+from bot.program.doc_reports import added_text, chunks, documents_text
 from bot.program.services import docs_tools, document_library, mcp_hub, open_settings_database, start_services
 from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from db import BotError, Database
@@ -194,7 +194,7 @@ def docs_command(settings: Settings, args: argparse.Namespace) -> int:
                 print(documents_text(await library.documents(args.chat)))
             elif args.action == "del":
                 removed = await library.remove(args.id)
-                print(f"Removed {removed.label()} and its {removed.chunk_count} chunks.")
+                print(f"Removed {removed.label()} and its {chunks(removed.chunk_count)}.")
             else:
                 chat = None if args.chat == GLOBAL else args.chat
                 print(await docs_tools(settings, library).search(args.query, chat))

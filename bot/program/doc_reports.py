@@ -17,6 +17,11 @@ from tools.settings import GLOBAL
 SOURCES = {"zh": "📎 来源：", "en": "📎 Sources: "}
 
 
+def chunks(count: int) -> str:
+    """`1 chunk`, `22 chunks`."""
+    return f"{count} chunk{'' if count == 1 else 's'}"
+
+
 def where(scope: str, here: str | None = None) -> str:
     """A scope in words: everywhere, this chat, or the chat key."""
     if scope == GLOBAL:
@@ -32,14 +37,14 @@ def added_text(added: Added, here: str | None = None) -> str:
     verb = "Added" if added.outcome == "added" else "Replaced"
     was = f" (was {added.previous_chunks})" if added.outcome == "replaced" else ""
     share = "" if document.scope == GLOBAL else f"; /doc_scope {document.id} global shares it with every chat"
-    return (f"✅ {verb} {document.label()} “{document.title}”: {document.chunk_count} chunks{was}, "
+    return (f"✅ {verb} {document.label()} “{document.title}”: {chunks(document.chunk_count)}{was}, "
             f"{megabytes(document.size_bytes)}, searchable in {where(document.scope, here)}{share}.")
 
 
 def document_line(document: DocumentInfo, here: str | None = None) -> str:
     """A document in a listing: id, name, title, chunks, size, scope, who added it and when."""
     who = document.added_by_name or (str(document.added_by) if document.added_by else "qwenbot docs add")
-    return (f"{document.label()} “{document.title}” · {document.chunk_count} chunks · "
+    return (f"{document.label()} “{document.title}” · {chunks(document.chunk_count)} · "
             f"{megabytes(document.size_bytes)} · {where(document.scope, here)} · added by {who} on "
             f"{document.added_at[:10]}")
 

@@ -21,7 +21,7 @@ import re
 from telegram import Document, Update
 from telegram.error import TelegramError
 
-from bot.program.doc_reports import added_text, documents_text
+from bot.program.doc_reports import added_text, chunks, documents_text
 from bot.telegram.admin import admin_only, arguments
 from bot.telegram.chat import reply, reply_or_refuse, session_for
 from bot.telegram.context import BotContext
@@ -156,7 +156,7 @@ async def doc_del(update: Update, context: BotContext) -> None:
         removed = await context.services.documents.remove(int(args[0]), by=user.id, chat_id=chat.id)
     except DocumentError as error:
         return await reply(update.effective_message, f"❌ {error}")
-    await reply(update.effective_message, f"✅ Removed {removed.label()} and its {removed.chunk_count} chunks.")
+    await reply(update.effective_message, f"✅ Removed {removed.label()} and its {chunks(removed.chunk_count)}.")
 
 
 async def doc_scope(update: Update, context: BotContext) -> None:
