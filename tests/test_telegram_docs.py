@@ -65,10 +65,11 @@ async def test_the_sources_line_follows_the_askers_language(start_bot, telegram_
 async def test_a_file_from_anyone_but_an_admin_is_refused_and_nothing_is_stored(start_bot, telegram_server):
     bot = await start_bot()
     before = await counts(bot)
-    refusal = "⛔ Only admins can add documents. Ask me in text instead."
+    refusal = "⛔ 只有管理员可以添加文档。请用文字提问。"  # Alice writes in Chinese
     assert await send_file(bot, private_chat(ALICE), ALICE, "guide.md", b"# Guide\n\ntext") == refusal
     assert await send_file(bot, TEAM, ALICE, "guide.md", b"# Guide\n\ntext", caption="/doc_add") == refusal
-    assert (await send_file(bot, private_chat(BOB), BOB, "guide.md", b"# Guide")).startswith(refusal)
+    assert (await send_file(bot, private_chat(BOB), BOB, "guide.md", b"# Guide")).startswith(
+        "⛔ Only admins can add documents. Ask me in text instead.")  # Bob has no access: with his id, once
     bot.server.send_document(TEAM, ALICE, "chatter.md", b"# Not for the bot")  # no /doc_add: group chatter
     await bot.turns_done()
     assert await counts(bot) == before

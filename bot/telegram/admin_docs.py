@@ -23,8 +23,9 @@ from telegram.error import TelegramError
 
 from bot.program.doc_reports import added_text, chunks, documents_text
 from bot.telegram.admin import admin_only, arguments
-from bot.telegram.chat import reply, reply_or_refuse, session_for
+from bot.telegram.chat import reply, reply_or_refuse, session_for, user_language
 from bot.telegram.context import BotContext
+from bot.telegram.i18n import text
 from tools.docs_convert import MB, check_type, megabytes
 from tools.docs_store import Upload
 from tools.errors import DocumentError
@@ -33,7 +34,6 @@ from tools.settings import GLOBAL
 log = logging.getLogger(__name__)
 
 TELEGRAM_DOWNLOAD_LIMIT = 20 * MB  # getFile refuses bigger files to bots ("file is too big")
-ADMINS_ADD = "⛔ Only admins can add documents. Ask me in text instead."
 USAGE = {
     "doc_add": ("/doc_add [global] as the caption of a file, or in reply to a message with a file: add it to the "
                 "documents searchable here (or in every chat)"),
@@ -88,7 +88,7 @@ async def admins_only(update: Update, context: BotContext) -> bool:
     user = update.effective_user
     if user is not None and context.access.is_admin(user.id):
         return True
-    await reply_or_refuse(update, context, ADMINS_ADD)
+    await reply_or_refuse(update, context, text("docs_admins_only", user_language(update)))
     return False
 
 

@@ -37,6 +37,10 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "我只能读文字消息，请用文字提问。",
         "en": "I can only read text messages: please ask in text.",
     },
+    "docs_admins_only": {
+        "zh": "⛔ 只有管理员可以添加文档。请用文字提问。",
+        "en": "⛔ Only admins can add documents. Ask me in text instead.",
+    },
     "ask_usage": {
         "zh": "用法：/ask 你的问题",
         "en": "Usage: /ask your question",
