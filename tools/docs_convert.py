@@ -11,16 +11,16 @@ or unpacks more than `max_ratio` times its packed size (a zip bomb: checked from
 anything is unpacked, and zipfile never unpacks past a member's declared size), and a file with no text at all
 (a scanned PDF: it needs OCR first).
 
-The libraries, chosen by trying both candidates on the corpus in evals/docs/ and on this project's own files:
-pypdf (PDF text and outline), python-docx (.docx paragraphs with their styles, tables) and markdownify (HTML to
-Markdown, over BeautifulSoup). Together with lxml, which python-docx needs, they add about 20 MB and six small
-pure-Python or wheel packages, and no network code. markitdown would do all formats in one call, but it pulls in
-onnxruntime, numpy, pdfminer, pdfplumber, pypdfium2, Pillow, cryptography and requests (about 270 MB, 30
-packages), gives a PDF no headings either, and its .docx converter refused the guide python-docx wrote ("Could
-not find the body element") where python-docx and mammoth read it. Headings are what the chunks are cut by and
-what answers cite, so each converter keeps them: Markdown and HTML headings, Word's Heading/Title styles, and a
-PDF's outline (bookmarks, which Word and LibreOffice export from headings) matched to the lines of its pages; a
-PDF without an outline is paragraphs under its title.
+The libraries, chosen by trying both candidates on the corpus in evals/docs/ (what each installs and pulls in:
+bench/README.md, "Documents"): pypdf (PDF text and outline), python-docx (.docx paragraphs with their styles,
+tables) and markdownify (HTML to Markdown, over BeautifulSoup): small, pure Python but for lxml (which python-docx
+needs), no network code. markitdown would do every format in one call, but it brings onnxruntime and numpy (for
+guessing file types), pdfminer, pdfplumber, pypdfium2, Pillow, cryptography and requests, gives a PDF no headings
+either, and its .docx converter refused the guide python-docx wrote ("Could not find the body element") where
+python-docx and mammoth read it. Headings are what the chunks are cut by and what answers cite, so each converter
+keeps them: Markdown and HTML headings, Word's Heading/Title styles, and a PDF's outline (bookmarks, which Word and
+LibreOffice export from headings) matched to the lines of its pages; a PDF without an outline is paragraphs under
+its title.
 """
 
 from __future__ import annotations

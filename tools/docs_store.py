@@ -4,15 +4,15 @@
     added = await library.add(Upload("guide.pdf", data, scope="tg:-100123", added_by=1001))
     hits = await library.search("怎么申请 GPU 服务器", chat_key="tg:-100123")
 
-Adding is all or nothing: the file is checked (type, DOCS_MAX_FILE_MB) and converted first, outside any
-transaction; then one transaction checks the total budget (DOCS_MAX_TOTAL_MB of text), writes the document, its
-chunks, their index rows and the audit row. A refusal is a `DocumentError` and leaves the database as it was. The
-same file (same SHA-256) added again where it is searchable already (its scope, or global) changes nothing; a different file of the same name in the
-same scope replaces the old version under the same id.
+Adding is all or nothing: the file is checked (type, DOCS_MAX_FILE_MB) and converted first, outside any transaction;
+then one transaction checks the total budget (DOCS_MAX_TOTAL_MB of text), writes the document, its chunks, their
+index rows and the audit row. A refusal is a `DocumentError` and leaves the database as it was. The same file (same
+SHA-256) added again where it is searchable already (its scope, or global) changes nothing; a different file of the
+same name in the same scope replaces the old version under the same id.
 
-A chat sees the documents whose scope is 'global' or its own chat key; searching, reading a chunk and listing all
-go through that rule. Every change (add, replace, delete, scope) writes an audit row in its own transaction,
-through the writer the program passes in (bot/program/audit.py's `insert_audit`: tools/ does not import bot/).
+A chat sees the documents whose scope is 'global' or its own chat key; searching, reading a chunk and listing all go
+through that rule. Every change (add, replace, delete, scope) writes an audit row in its own transaction, through
+the writer the program passes in (bot/program/audit.py's `insert_audit`: tools/ does not import bot/).
 """
 
 from __future__ import annotations
@@ -312,8 +312,8 @@ class DocumentLibrary:
             cursor = await conn.execute(
                 "INSERT INTO document_chunks (document_id, position, heading, body) VALUES (?, ?, ?, ?)",
                 (doc_id, chunk.position, chunk.heading, chunk.text))
-            await conn.execute(f"INSERT INTO {INDEX_TABLE} (rowid, heading, body) VALUES (?, ?, ?)",
-                               (cursor.lastrowid, self.form.index_text(chunk.heading), self.form.index_text(chunk.text)))
+            indexed = (cursor.lastrowid, self.form.index_text(chunk.heading), self.form.index_text(chunk.text))
+            await conn.execute(f"INSERT INTO {INDEX_TABLE} (rowid, heading, body) VALUES (?, ?, ?)", indexed)
 
     async def _delete_chunks(self, conn: Any, doc_id: int) -> None:
         await conn.execute(f"DELETE FROM {INDEX_TABLE} WHERE rowid IN "

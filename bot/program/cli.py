@@ -236,7 +236,9 @@ def with_mcp(settings: Settings, job: Callable[[Database, McpHub], Awaitable[int
     async def run() -> int:
         config = read_config(settings.mcp.mcp_config_path)  # a broken file stops here, before the database opens
         db = await open_settings_database(settings)
-        hub = mcp_hub(settings, db, build_registry(db, settings.tools.tool_timeout_seconds), config)
+        documents = docs_tools(settings, document_library(settings, db))
+        registry = build_registry(db, settings.tools.tool_timeout_seconds, documents=documents)
+        hub = mcp_hub(settings, db, registry, config)
         try:
             await hub.start(connect=False)
             return await job(db, hub)

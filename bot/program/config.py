@@ -7,8 +7,8 @@
 openai, scripted, agent, tools, docs, turns, streaming, mcp, logging, doctor), each the one place of its defaults. A
 field is named as its variable in lower case, so the variables never changed with the grouping and a grep for
 either finds both. Where a component of `agent/` or `tools/` has a limits class (`AgentLimits`, `GrammarLimits`,
-`DraftLimits`, `StreamLimits`, `McpLimits`, `DocsLimits`) or a named default, the group takes its default from there, so each
-default is written once; bot/program/services.py builds those classes from the groups by keyword.
+`DraftLimits`, `StreamLimits`, `McpLimits`, `DocsLimits`) or a named default, the group takes its default from
+there, so each default is written once; bot/program/services.py builds those classes from the groups by keyword.
 
 Each variable is mirrored, with its default and an explanation, in `.env.example`, in one section per group.
 Tests build settings with `Settings.of(max_steps=3, …)` (flat keywords, named as the fields), `settings.replaced(…)`,

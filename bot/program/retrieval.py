@@ -176,8 +176,8 @@ def retrieval_summary(report: RetrievalReport, source: str) -> list[str]:
     about = ", ".join(f"{key} {value}" for key, value in report.about.items())
     found = sum(r.rank is not None for r in report.results)
     lines += ["", f"{source}: {len(report.results)} questions ({about})",
-              f"recall@{report.k}: {found}/{len(report.results)} ({report.recall():.0%}); recall@1 {report.first():.0%}, "
-              f"MRR {report.mrr():.2f}",
+              f"recall@{report.k}: {found}/{len(report.results)} ({report.recall():.0%}); "
+              f"recall@1 {report.first():.0%}, MRR {report.mrr():.2f}",
               "by group: " + ", ".join(f"{name} {report.recall(group):.0%} ({len(group)})"
                                        for name, group in report.groups().items())]
     return lines

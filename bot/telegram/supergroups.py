@@ -4,8 +4,8 @@ Telegram announces the upgrade twice, both as service messages: `migrate_to_chat
 `migrate_from_chat_id` in the new supergroup. Whichever arrives first moves, in one transaction, everything keyed
 by the old id: the group's access entry (an admin's `/allow`, or ALLOWED_CHAT_IDS turned into an entry, since the
 environment cannot be rewritten), its history and traces (sessions `tg:<id>` and `tg:<id>:<topic>`), its tool
-settings, and the documents searchable in it only. The second finds nothing left to move. Without this a group allowed yesterday is refused today, and
-loses its history.
+settings and the documents searchable there only. The second finds nothing left to move. Without this a group
+allowed yesterday is refused today, and loses its history.
 """
 
 from __future__ import annotations
