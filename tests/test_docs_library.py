@@ -17,6 +17,7 @@ from tools.docs_convert import MB, ArchiveLimits, Converted, Heading, Paragraph,
 from tools.docs_index import DEFAULT_FORM, PORTER_BIGRAM, TRIGRAM, bigram_text
 from tools.docs_store import DocsLimits, DocumentLibrary, Upload
 from tools.errors import DocumentError
+from tools.registry import ToolRegistry
 
 ARCHIVE = DocsLimits().archive
 TABLES = ("documents", "document_chunks", "document_index", "document_chunk_vectors", "audit_log")
@@ -262,3 +263,17 @@ def test_limits_default_once():
     assert dataclasses.asdict(DocsLimits()) == {"max_file_bytes": 20 * MB, "max_total_bytes": 200 * MB,
                                                 "chunk_chars": 800, "search_results": 5,
                                                 "max_unpacked_bytes": 100 * MB, "max_zip_ratio": 100.0}
+
+
+async def test_the_registry_gives_the_tools_the_turns_chat_and_the_model_cannot_name_another(db):
+    docs = library(db)
+    await docs.add(Upload("expenses.txt", EXPENSES_TEXT.encode(), scope="tg:-100"))
+    registry = ToolRegistry.of(DocsTools(docs, 2000).tools())
+    mine = await registry.call("docs_search", {"query": "expense claims"}, chat_key="tg:-100")
+    assert mine.ok and "expenses.txt" in mine.output
+    other = await registry.call("docs_search", {"query": "expense claims"}, chat_key="tg:-200")
+    assert other.output == "No documents have been added for this chat."
+    forged = await registry.call("docs_search", {"query": "expense claims", "chat_key": "tg:-100"}, chat_key="tg:-200")
+    assert forged.error == "invalid_arguments" and "expenses.txt" not in forged.output
+    tool = registry.get("docs_search")
+    assert await tool.offered("tg:-100") and not await tool.offered("tg:-200")

@@ -162,3 +162,26 @@ async def test_a_new_version_replaces_the_old_one(start_bot, telegram_server):
     assert first.startswith("✅ Added #1 expenses.txt") and second.startswith("✅ Replaced #1 expenses.txt")
     assert "1 chunk (was 1)" in second
     assert await bot.query("SELECT body FROM document_chunks") == [("Claims are due by the 20th.\n\nNew rules.",)]
+
+
+async def test_the_tools_are_switched_per_chat_like_every_tool(start_bot, telegram_server):
+    bot = await start_bot([final("one"), final("two")])
+    await send_file(bot, private_chat(ADMIN), ADMIN, "handbook.html", HANDBOOK_HTML.encode(), caption="global")
+    assert (await bot.ask(TEAM, ADMIN, "/tool_off docs_search")).startswith("✅ docs_search is off in this chat")
+    await bot.ask(TEAM, ALICE, "@qwen_test_bot who escalates?")
+    assert "should be one of [course_query,course_list,calculator,docs_read]" in bot.llm.requests[-1].text
+    await bot.ask(private_chat(ALICE), ALICE, "who escalates?")  # other chats keep it
+    assert "should be one of [course_query,course_list,calculator,docs_search,docs_read]" in bot.llm.requests[-1].text
+    assert "docs_search" in await bot.ask(private_chat(ALICE), ALICE, "/tools")
+
+
+async def test_a_groups_documents_follow_it_when_it_becomes_a_supergroup(start_bot, telegram_server):
+    from tests.test_holes_supergroups import NEW, OLD, announce_upgrade
+
+    bot = await start_bot(allowed_chat_ids=frozenset({OLD.id}))
+    await send_file(bot, OLD, ADMIN, "expenses.txt", files_of_each_format()["expenses.txt"], caption="/doc_add")
+    await announce_upgrade(bot)
+    assert await bot.query("SELECT scope FROM documents") == [(f"tg:{NEW.id}",)]
+    assert "expenses.txt" in await bot.ask(NEW, ADMIN, "/docs")
+    (detail,) = await bot.query("SELECT detail FROM audit_log WHERE action = 'chat_migrated'")
+    assert detail[0].endswith("1 document(s)")
