@@ -20,12 +20,12 @@ from agent.memory import Session
 from agent.traces import render_trace
 from bot.program.audit import audit
 from bot.program.config import ConfigError, Settings
+from bot.program.doc_reports import adding_text, chunks, documents_text
 from bot.program.evaluation import copy_database, evaluate, load_cases, summary
 from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
-from bot.program.retrieval import DEFAULT_K, corpus_files, default_corpus, evaluate_retrieval, load_retrieval_cases, \
-    retrieval_summary
-from bot.program.doc_reports import added_text, chunks, documents_text
+from bot.program.retrieval import (DEFAULT_K, corpus_files, default_corpus, evaluate_retrieval, load_retrieval_cases,
+                                   retrieval_summary)
 from bot.program.services import docs_tools, document_library, mcp_hub, open_settings_database, start_services
 from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from db import BotError, Database
@@ -215,7 +215,7 @@ async def add_documents(library: DocumentLibrary, paths: Sequence[Path], scope: 
             print(f"qwenbot: {error if isinstance(error, DocumentError) else f'{path}: {error}'}", file=sys.stderr)
             failed = True
             continue
-        print(f"{path}: {added_text(added)}")
+        print(f"{path}: {adding_text(added)}")
     return 2 if failed else 0
 
 

@@ -29,7 +29,7 @@ def where(scope: str, here: str | None = None) -> str:
     return "this chat only" if scope == here else f"{scope} only"
 
 
-def added_text(added: Added, here: str | None = None) -> str:
+def adding_text(added: Added, here: str | None = None) -> str:
     """One line on what adding a file did."""
     document = added.document
     if added.outcome == "unchanged":

@@ -21,7 +21,7 @@ import re
 from telegram import Document, Update
 from telegram.error import TelegramError
 
-from bot.program.doc_reports import added_text, chunks, documents_text
+from bot.program.doc_reports import adding_text, chunks, documents_text
 from bot.telegram.admin import admin_only, arguments
 from bot.telegram.chat import reply, reply_or_refuse, session_for, user_language
 from bot.telegram.context import BotContext
@@ -107,7 +107,7 @@ async def add_file(update: Update, context: BotContext, document: Document, scop
         added = await library.add(upload)
     except DocumentError as error:
         return await reply(message, f"❌ {error}")
-    await reply(message, added_text(added, here))
+    await reply(message, adding_text(added, here))
 
 
 async def download(context: BotContext, document: Document, name: str) -> bytes:
