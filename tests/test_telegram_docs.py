@@ -71,6 +71,7 @@ async def test_a_file_from_anyone_but_an_admin_is_refused_and_nothing_is_stored(
     assert (await send_file(bot, private_chat(BOB), BOB, "guide.md", b"# Guide")).startswith(
         "⛔ Only admins can add documents. Ask me in text instead.")  # Bob has no access: with his id, once
     bot.server.send_document(TEAM, ALICE, "chatter.md", b"# Not for the bot")  # no /doc_add: group chatter
+    bot.server.send_document(TEAM, ADMIN, "other.md", b"# Other", caption="/doc_add@other_bot")  # another bot's
     await bot.turns_done()
     assert await counts(bot) == before
     assert not telegram_server.calls_to("getFile")

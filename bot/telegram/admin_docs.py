@@ -62,8 +62,12 @@ async def on_private_file(update: Update, context: BotContext) -> None:
 
 
 async def doc_add_caption(update: Update, context: BotContext) -> None:
-    """A file with /doc_add [global] as its caption (in a group, the way to hand the bot a file)."""
+    """A file with /doc_add [global] as its caption (in a group, the way to hand the bot a file); /doc_add@other_bot
+    is for another bot."""
     message = update.effective_message
+    named = CAPTION_COMMAND.match(message.caption or "").group(1)
+    if named and named[1:].lower() != (context.bot.username or "").lower():
+        return
     if not await admins_only(update, context):
         return
     words = (message.caption or "").split()[1:]
