@@ -286,7 +286,7 @@ def megabytes(size: int) -> str:
 def _pdf(name: str, data: bytes, stem: str) -> Converted:
     """A PDF's text page by page; its outline entries, found among the lines, become the headings."""
     from pypdf import PdfReader
-    from pypdf.errors import PyPdfError
+    from pypdf.errors import DependencyError, PyPdfError
 
     if not data.lstrip()[:5].startswith(b"%PDF"):
         raise DocumentError(f"{name}: not a PDF (it does not start with %PDF)")
@@ -299,7 +299,7 @@ def _pdf(name: str, data: bytes, stem: str) -> Converted:
         title = (reader.metadata.title if reader.metadata else None) or ""
     except DocumentError:
         raise
-    except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
+    except (PyPdfError, DependencyError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
         # A broken file, or one needing what pypdf lacks here (AES decryption wants the cryptography package).
         raise DocumentError(f"{name}: the PDF cannot be read ({type(error).__name__})") from None
     return _titled(pdf_blocks(pages, outline), stem, str(title))
