@@ -194,9 +194,8 @@ class ToolRegistry:
             return ToolResult(name, arguments, f"Error: invalid arguments for {name}: {problem}", "invalid_arguments")
         if before_run is not None:
             await before_run(tool, arguments)
-        if tool.chat_scoped:
-            arguments = {**arguments, "chat_key": chat_key}
-        output, error = await self._run(tool, arguments)
+        given = {**arguments, "chat_key": chat_key} if tool.chat_scoped else arguments
+        output, error = await self._run(tool, given)
         return ToolResult(name, arguments, output, error, int((time.perf_counter() - started) * 1000))
 
     async def _run(self, tool: Tool, arguments: dict[str, Any]) -> tuple[str, str | None]:
