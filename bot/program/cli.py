@@ -28,7 +28,8 @@ from bot.program.retrieval import (DEFAULT_K, corpus_files, default_corpus, eval
                                    retrieval_summary)
 from bot.program.services import docs_tools, document_library, mcp_hub, open_settings_database, start_services
 from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
-from db import BotError, Database
+from core.errors import BotError
+from db import Database
 from tools import build_registry
 from tools.docs_convert import SUFFIXES
 from tools.docs_index import DEFAULT_FORM, FORMS
