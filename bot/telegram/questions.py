@@ -17,6 +17,7 @@ from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.events import AnswerText, EventSink, ToolStarted
 from agent.memory import Session
 from bot.program.config import Settings
+from bot.program.doc_reports import with_sources
 from bot.telegram.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
@@ -178,7 +179,7 @@ async def agent_answer(context: BotContext, session: Session, question: str, slo
         # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS: nothing of the turn was stored.
         log.warning("database busy in %s: %s", session.id, error)
         return text("busy", lang)
-    return result.answer
+    return await with_sources(context.services.documents, result, lang)  # the documents it used, listed under it
 
 
 def is_blank(question: str) -> bool:
