@@ -26,6 +26,9 @@ from db.write_lock import WriteLock
 # How long a write waits for another process's lock before DatabaseBusy (the default of
 # DATABASE_BUSY_TIMEOUT_SECONDS).
 BUSY_TIMEOUT_SECONDS = 10.0
+# What the write-ahead log is cut back to after a checkpoint: SQLite reuses the file but never shrinks it, so one
+# burst (twenty 1 MB updates) would leave it that large for good. 4 MiB is about one automatic checkpoint's worth.
+WAL_SIZE_LIMIT_BYTES = 4 * 1024 * 1024
 
 
 class Database:
@@ -121,6 +124,10 @@ async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
     try:
         await conn.execute("PRAGMA journal_mode = WAL")
         await conn.execute("PRAGMA foreign_keys = ON")
+        # Deleted and overwritten content is zeroed, not left in free pages: a secret scrubbed from a row (the
+        # journal's husks, sealed MCP headers) is then gone from the file, not merely unlinked.
+        await conn.execute("PRAGMA secure_delete = ON")
+        await conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
     except sqlite3.Error as error:
         raise DatabaseOpenError(f"cannot open the database {path}: {error}") from error
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from jsonschema.exceptions import SchemaError
 
 from db import Database
+from db.secret_box import SecretBox, key_file_beside
 from tools.errors import McpConfigError, McpToolError, ServerUnavailable
 from tools.mcp_store import (FROM_CONFIG, ServerSpec, ToolInfo, cached_tools, delete_server, forget_listings,
                              save_listing, save_server, stored_server, stored_servers)
@@ -48,6 +49,8 @@ class McpLimits:
     retry_seconds: float = 30.0
     max_tools_per_server: int = 50
     description_max_chars: int = 1000
+    # Admin-added servers may be on loopback, private and link-local addresses (tools/mcp_addresses.py).
+    allow_private_addresses: bool = False
 
 
 @dataclass
@@ -133,9 +136,11 @@ class McpHub:
     """The MCP servers the bot knows (config file and database), their connections, and their tools."""
 
     def __init__(self, db: Database, registry: ToolRegistry, *, config: list[ServerSpec] = (),
-                 limits: McpLimits = McpLimits()):
+                 limits: McpLimits = McpLimits(), box: SecretBox | None = None):
         self.db = db
         self.registry = registry
+        # Seals the secrets of admin-added servers in the database; by default its key sits beside the database.
+        self.box = box or SecretBox.at(key_file_beside(db.path))
         self.config = list(config)
         self.limits = limits
         self.connections: dict[str, "McpConnection"] = {}
@@ -145,7 +150,7 @@ class McpHub:
 
     async def start(self, connect: bool = True) -> None:
         """Register every server's cached tools now; list each server afresh in the background (if `connect`)."""
-        specs = {spec.name: spec for spec in await stored_servers(self.db)}
+        specs = {spec.name: spec for spec in await stored_servers(self.db, self.box)}
         for spec in self.config:  # the file at the server wins over the database
             if spec.name in specs:
                 log.warning("MCP server %s is in the config file and in the database: the config file's is used",
@@ -171,20 +176,20 @@ class McpHub:
         return list(self.connections.values())
 
     def secrets(self) -> list[str]:
-        """Every header and environment value of the known servers: for the log filter, never for display."""
-        return [value for connection in self.connections.values()
-                for value in (*connection.spec.headers.values(), *connection.spec.env.values())]
+        """Every secret of the known servers (header and environment values, URL credentials): for the redactor
+        (core/secrets.py), never for display."""
+        return [value for connection in self.connections.values() for value in connection.spec.secrets]
 
     # --- admin actions ---------------------------------------------------------------------------------------
 
     async def add(self, spec: ServerSpec, added_by: int | None) -> Listing:
         """Connect to a new server and list its tools; store and register them only when that worked."""
-        if spec.name in self.connections or await stored_server(self.db, spec.name):
+        if spec.name in self.connections or await stored_server(self.db, spec.name, self.box):
             raise McpConfigError(f"a server named {spec.name} exists already")
         connection = self._connection(spec)
         try:
             infos, listing = await self._list(connection, None)
-            await save_server(self.db, spec, infos, added_by)
+            await save_server(self.db, spec, infos, added_by, self.box)
         except BaseException:
             await connection.close()
             raise
@@ -297,11 +302,12 @@ class McpHub:
         from tools.mcp_client import McpConnection  # here: the SDK loads with the first server
 
         return McpConnection(spec, connect_timeout=self.limits.connect_timeout_seconds,
-                             retry_seconds=self.limits.retry_seconds)
+                             retry_seconds=self.limits.retry_seconds,
+                             allow_private=self.limits.allow_private_addresses)
 
     async def _known(self, name: str) -> "McpConnection":
         """The connection of `name`, loading an admin-added server the hub has not seen yet; KeyError if none."""
-        stored = await stored_server(self.db, name)
+        stored = await stored_server(self.db, name, self.box)
         connection = self.connections.get(name)
         if connection is None and stored is not None:
             self._install(stored, [])

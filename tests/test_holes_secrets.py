@@ -1,0 +1,151 @@
+"""Issue 43, the secrets, MCP and input half: each probe of the outside test, re-run against the real bot.
+
+Everything runs through the real bot (the fake Bot API server, a real SQLite file) or the real `qwenbot` command;
+MCP servers are the fake weather desk (tests/fakes/mcp_server.py), a real SDK server on 127.0.0.1. The desk is on
+loopback, so the tests that connect it allow private addresses (MCP_ALLOW_PRIVATE_ADDRESSES), as a team running
+its servers on its own network would; the SSRF probe checks the default, which refuses them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+
+from agent.llm.scripted import Request
+from bot.program.logs import redact_handlers
+from tests.fakes.mcp_process import McpServerProcess
+from tests.fakes.telegram_bot import ADMIN, RunningBot, final, private_chat, start_bot, telegram_server
+from tools.errors import PrivateAddress
+from tools.mcp_addresses import check_public_url
+
+__all__ = ["start_bot", "telegram_server"]  # fixtures used by name
+
+CHAT = private_chat(ADMIN)
+BEARER = "tok-7f3a9c2e5b1d8f4a6c0e"  # the credential of an `Authorization: Bearer …` header
+PRIVATE = {"mcp_allow_private_addresses": True}
+
+
+def act(tool: str, **arguments: str) -> str:
+    """A model reply calling `tool`."""
+    return (f"Thought: I should ask the desk.\nAction: {tool}\n"
+            f"Action Input: {json.dumps(arguments, ensure_ascii=False)}\nObservation:")
+
+
+def copy_the_observation(request: Request) -> str:
+    """A model that repeats what its tool returned, word for word, as its answer (what a model talked into it by
+    the tool's text, or merely helpful, does)."""
+    observation = request.last_content.rsplit("Observation: ", 1)[1].rsplit("\nThought:", 1)[0]
+    return final(f"The desk received: {observation}")
+
+
+def watch_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """Every record, DEBUG included, through the filter `qwenbot run` installs."""
+    caplog.set_level(logging.DEBUG)
+    redact_handlers([caplog.handler])
+
+
+def everything_said(bot: RunningBot) -> str:
+    """Every parameter of every call the bot made to the Bot API."""
+    return "\n".join(json.dumps(call.params, ensure_ascii=False) for call in bot.server.calls)
+
+
+async def everything_stored(bot: RunningBot) -> str:
+    """Every row of every table, as text."""
+    tables = [name for (name,) in await bot.query("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    return "\n".join([str(await bot.query(f"SELECT * FROM {table}")) for table in tables])
+
+
+@pytest.fixture(scope="module")
+def echo_desk(tmp_path_factory):
+    """The weather desk with a tool that echoes the request's headers, behind a bearer token."""
+    server = McpServerProcess.launch(tmp_path_factory.mktemp("mcp"), header=f"Authorization=Bearer {BEARER}",
+                                     extras="echo_headers")
+    yield server
+    server.stop()
+
+
+# --- probe 1: a secret reaches the chat through a tool -----------------------------------------------------------
+
+async def test_probe_secret_through_a_tool_is_redacted_from_the_observation_answer_trace_and_tables(
+        start_bot, telegram_server, echo_desk, caplog):
+    watch_the_log(caplog)
+    bot = await start_bot([act("desk.echo_headers"), copy_the_observation], **PRIVATE)
+    added = await bot.ask(CHAT, ADMIN, f'/mcp_add desk {echo_desk.url} "Authorization=Bearer {BEARER}"')
+    assert added.startswith("✅ Added desk"), added
+    await bot.ask(CHAT, ADMIN, "/tool_on desk.echo_headers")
+
+    answer = await bot.ask(CHAT, ADMIN, "Which headers did the desk get?")
+    observation = bot.llm.requests[1].last_content.rsplit("Observation: ", 1)[1]
+    assert json.loads(observation.split("\n")[0])["authorization"] == "[REDACTED]"  # the tool did echo it
+    assert BEARER not in bot.llm.requests[1].text  # the model never saw it
+    assert '"authorization": "[REDACTED]"' in answer
+    trace = await bot.ask(CHAT, ADMIN, "/trace")
+    assert "[REDACTED]" in trace
+    for where, text in (("chat", everything_said(bot)), ("database", await everything_stored(bot)),
+                        ("log", caplog.text)):
+        assert BEARER not in text, where
+
+
+async def test_probe_secret_through_a_tool_the_store_and_the_chat_redact_even_what_the_model_invents(
+        start_bot, telegram_server, echo_desk):
+    # A model that knows the secret some other way (a user pasted it earlier) writes it into its answer itself.
+    bot = await start_bot([final(f"Your token is {BEARER}, and the bot's is {telegram_server.token}.")], **PRIVATE)
+    await bot.ask(CHAT, ADMIN, f'/mcp_add desk {echo_desk.url} "Authorization=Bearer {BEARER}"')
+    answer = await bot.ask(CHAT, ADMIN, "What are the tokens?")
+    assert answer == "Your token is [REDACTED], and the bot's is [REDACTED]."
+    assert BEARER not in await everything_stored(bot) and telegram_server.token not in await everything_stored(bot)
+
+
+# --- probe 3: /mcp_add reaches loopback and private addresses ----------------------------------------------------
+
+@pytest.mark.parametrize("url, kind", [
+    ("http://127.0.0.1:8081/bot123:ABC/getMe", "loopback"),
+    ("http://localhost:8000/v1", "loopback"),
+    ("http://[::1]:9000/mcp", "loopback"),
+    ("http://[::ffff:127.0.0.1]:9000/mcp", "loopback"),
+    ("http://10.1.2.3/mcp", "private"),
+    ("http://192.168.0.10:8080/mcp", "private"),
+    ("http://172.20.0.5/mcp", "private"),
+    ("http://169.254.169.254/latest/meta-data/", "link-local"),
+    ("http://0.0.0.0:8080/mcp", "unspecified"),
+    ("http://100.64.0.1/mcp", "non-public"),
+])
+async def test_probe_mcp_add_private_addresses_are_refused_after_resolution(url, kind):
+    with pytest.raises(PrivateAddress, match=f"is a {kind} address; MCP servers must be on public addresses "
+                                             "unless MCP_ALLOW_PRIVATE_ADDRESSES=true"):
+        await check_public_url(url)
+
+
+async def test_probe_mcp_add_public_addresses_pass_the_check():
+    for url in ("http://93.184.215.14/mcp", "https://[2606:4700:4700::1111]/mcp"):
+        await check_public_url(url)  # literal addresses: nothing is resolved or contacted
+
+
+async def test_probe_mcp_add_refuses_the_bot_api_and_the_model_server_by_default(start_bot, telegram_server,
+                                                                                 echo_desk, caplog):
+    watch_the_log(caplog)
+    bot = await start_bot()
+    before = len(telegram_server.calls)
+    target = f"{telegram_server.base_url}{telegram_server.token}/getMe"
+    reply = await bot.ask(CHAT, ADMIN, f"/mcp_add tg {target}")
+    assert reply == ("❌ Could not add tg: MCP server tg is not contacted: 127.0.0.1 is a loopback address; MCP "
+                     "servers must be on public addresses unless MCP_ALLOW_PRIVATE_ADDRESSES=true. Nothing was saved.")
+    assert [call.method for call in telegram_server.calls[before:]
+            if call.method not in ("getUpdates", "sendMessage", "sendChatAction", "deleteMessage")] == []
+    reply = await bot.ask(CHAT, ADMIN, f"/mcp_add desk {echo_desk.url.replace('127.0.0.1', 'localhost')}")
+    assert "localhost (127.0.0.1) is a loopback address" in reply
+    assert echo_desk.calls() == []
+    assert await bot.query("SELECT * FROM mcp_servers") == []
+    assert telegram_server.token not in everything_said(bot) and telegram_server.token not in caplog.text
+
+
+async def test_probe_mcp_add_the_error_reply_does_not_quote_the_target_answer(start_bot, telegram_server):
+    bot = await start_bot(**PRIVATE)  # allowed: the Bot API answers, with JSON that is not MCP
+    reply = await bot.ask(CHAT, ADMIN, f"/mcp_add tg {telegram_server.base_url}{telegram_server.token}/getMe")
+    assert reply == ("❌ Could not add tg: MCP server tg is unreachable: something that is not MCP (is the URL an "
+                     "MCP endpoint?). Nothing was saved.")
+    said = everything_said(bot)
+    assert telegram_server.bot.username not in said and "input_value" not in said and "can_join_groups" not in said
