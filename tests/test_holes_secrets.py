@@ -149,3 +149,146 @@ async def test_probe_mcp_add_the_error_reply_does_not_quote_the_target_answer(st
                      "MCP endpoint?). Nothing was saved.")
     said = everything_said(bot)
     assert telegram_server.bot.username not in said and "input_value" not in said and "can_join_groups" not in said
+
+
+# --- probe 2: MCP secrets at rest, the journal, DEBUG logs ------------------------------------------------------
+
+KEY_VALUE = "key-5d1e9a7c3b8f2e6a"  # the desk's X-Api-Key
+PASSWORD = "pw-8c4e2a9f1b7d"  # the user:password of the URL
+QUERY_TOKEN = "qt-3f9b1d7e5a2c"  # a token in the URL's query
+AT_REST = (KEY_VALUE, PASSWORD, QUERY_TOKEN)
+
+
+@pytest.fixture(scope="module")
+def keyed_desk(tmp_path_factory):
+    """The weather desk behind an X-Api-Key header."""
+    server = McpServerProcess.launch(tmp_path_factory.mktemp("mcp"), header=f"X-Api-Key={KEY_VALUE}")
+    yield server
+    server.stop()
+
+
+def with_credentials(url: str) -> str:
+    """The desk's URL with a user:password and a token in its query, as admins paste them."""
+    return url.replace("http://", f"http://ops:{PASSWORD}@") + f"?token={QUERY_TOKEN}"
+
+
+def file_bytes(bot: RunningBot) -> bytes:
+    """The database file and its write-ahead log, byte for byte, as a copy or a backup would take them."""
+    path = bot.settings.storage.database_path
+    return b"".join(p.read_bytes() for p in (path, path.with_name(path.name + "-wal")) if p.exists())
+
+
+def assert_no_secret_in(data: bytes, where: str) -> None:
+    for secret in AT_REST:
+        assert secret.encode() not in data, (secret, where)
+
+
+async def test_probe_mcp_secrets_at_rest_are_sealed_and_no_copy_stays_in_the_files_or_the_journal(
+        start_bot, telegram_server, keyed_desk, tmp_path):
+    bot = await start_bot([act("desk.forecast", city="Oslo"), final("Snow.")], **PRIVATE)
+    added = await bot.ask(CHAT, ADMIN, f'/mcp_add desk {with_credentials(keyed_desk.url)} "X-Api-Key={KEY_VALUE}"')
+    assert added.startswith(f"✅ Added desk (streamable HTTP {keyed_desk.url}?token=***, headers X-Api-Key")
+    await bot.all_handled()
+
+    assert await bot.query("SELECT url, headers FROM mcp_servers") == [
+        (f"{keyed_desk.url}?token=***", '{"X-Api-Key": ""}')]
+    [(payload,)] = await bot.query("SELECT payload FROM telegram_updates WHERE payload LIKE '%\"message\"%' "
+                                   "ORDER BY update_id LIMIT 1")
+    assert "text" not in json.loads(payload)["message"]  # the /mcp_add command is gone from the journal
+    assert_no_secret_in(file_bytes(bot), "while running")
+    key = bot.settings.storage.secrets_key_file
+    assert key.parent == tmp_path and key.stat().st_mode & 0o777 == 0o600
+
+    await bot.stop()  # the sealed server opens again after a restart, and works
+    assert_no_secret_in(file_bytes(bot), "after the stop")
+    again = await start_bot([act("desk.forecast", city="Oslo"), final("Snow.")], **PRIVATE)
+    await again.ask(CHAT, ADMIN, "/tool_on desk.forecast")
+    assert await again.ask(CHAT, ADMIN, "Weather in Oslo?") == "Snow."
+    assert "Observation: Oslo: 4°C, snow" in again.llm.requests[1].last_content
+
+
+async def test_probe_mcp_secrets_at_rest_plain_rows_of_an_older_version_are_sealed_at_start(
+        telegram_server, keyed_desk, tmp_path):
+    from db import open_database
+    from db.migrate import MIGRATIONS_FOLDER
+    from tests.fakes.telegram_bot import running_bot
+    from tests.test_migrations import write
+
+    before = [p for p in sorted(MIGRATIONS_FOLDER.glob("*.sql")) if p.name < "0014"]
+    folder = write(tmp_path / "before_0014", {p.name: p.read_text(encoding="utf-8") for p in before})
+    old = await open_database(tmp_path / "bot.sqlite3", migrations_folder=folder)
+    command = f'/mcp_add desk {with_credentials(keyed_desk.url)} "X-Api-Key={KEY_VALUE}"'
+    update = {"update_id": 900, "message": {"message_id": 900, "date": 1, "text": command, "chat": CHAT.as_dict(),
+                                            "from": ADMIN.as_dict()}}
+    async with old.transaction() as conn:  # what the previous version kept: all of it, in plain text
+        await conn.execute("INSERT INTO mcp_servers (name, transport, url, headers) VALUES ('desk', 'http', ?, ?)",
+                           (with_credentials(keyed_desk.url), json.dumps({"X-Api-Key": KEY_VALUE})))
+        await conn.execute("INSERT INTO telegram_updates (source, update_id, payload, handled_at) VALUES "
+                           "(?, 900, ?, '2026-12-04T00:00:00Z')",
+                           (f"{telegram_server.bot.id}@{telegram_server.base_url}", json.dumps(update)))
+    await old.close()
+
+    bot = await running_bot(telegram_server, tmp_path, [act("desk.forecast", city="Lima"), final("Fog.")], **PRIVATE)
+    try:
+        await bot.ask(CHAT, ADMIN, "/tool_on desk.forecast")
+        assert await bot.ask(CHAT, ADMIN, "Lima?") == "Fog."  # the sealed server still reaches its desk
+        assert await bot.query("SELECT url, headers, sealed IS NOT NULL FROM mcp_servers") == [
+            (f"{keyed_desk.url}?token=***", '{"X-Api-Key": ""}', 1)]
+        assert_no_secret_in(file_bytes(bot), "after the start")
+    finally:
+        await bot.stop()
+
+
+async def test_probe_mcp_secrets_at_rest_debug_logs_redact_url_credentials_and_the_webhook_secret(
+        telegram_server, tmp_path, caplog):
+    from tests.fakes.mcp_process import free_port
+    from tests.fakes.telegram_bot import running_bot
+
+    watch_the_log(caplog)
+    port, hook_secret = free_port(), "whsec-0b6f3d8a2c9e4f17"
+    base = telegram_server.base_url.replace("http://", f"http://relay:{PASSWORD}@")
+    bot = await running_bot(telegram_server, tmp_path, telegram_base_url=base,
+                            webhook_url=f"http://127.0.0.1:{port}/hook", webhook_port=port,
+                            webhook_secret_token=hook_secret)
+    await bot.stop()
+    [hooked] = telegram_server.calls_to("setWebhook")
+    assert hooked.params["secret_token"] == hook_secret  # the secret was sent, and logged at DEBUG
+    assert "Calling Bot API endpoint `setWebhook`" in caplog.text and "Set Bot API URL" in caplog.text
+    for secret in (hook_secret, PASSWORD):
+        assert secret not in caplog.text, secret
+
+
+# --- probe 4: 500 tools, and two tools of one name -------------------------------------------------------------
+
+async def test_probe_a_server_with_500_tools_the_reply_says_how_many_were_left_out_and_why(start_bot,
+                                                                                         telegram_server, tmp_path):
+    crowded = await McpServerProcess.start(tmp_path, extras="tools=498")  # and forecast, delete_city: 500
+    try:
+        bot = await start_bot(**PRIVATE)
+        added = await bot.ask(CHAT, ADMIN, f"/mcp_add crowd {crowded.url}")
+        assert "\n50 tools:\n" in added
+        assert ("\n⚠️ 450 more tools left out: at most 50 are taken from one server (MCP_MAX_TOOLS_PER_SERVER).\n"
+                in added)
+        assert len(await bot.query("SELECT name FROM mcp_tools")) == 50
+        refreshed = await bot.ask(CHAT, ADMIN, "/mcp_refresh crowd")
+        assert "450 more tools left out" in refreshed
+    finally:
+        crowded.stop()
+
+
+async def test_probe_two_tools_of_one_name_give_one_clear_line_and_the_first_is_kept(start_bot, telegram_server,
+                                                                                     tmp_path, caplog):
+    twice = await McpServerProcess.start(tmp_path, extras="duplicate")
+    try:
+        bot = await start_bot([act("twice.forecast", city="Oslo"), final("Snow.")], **PRIVATE)
+        added = await bot.ask(CHAT, ADMIN, f"/mcp_add twice {twice.url}")
+        assert added.startswith("✅ Added twice"), added
+        assert "Not offered: forecast: listed twice by the server; the first one is kept" in added
+        assert await bot.query("SELECT name, description FROM mcp_tools WHERE name = 'forecast'") == [
+            ("forecast", "Today's weather in a city.")]
+        await bot.ask(CHAT, ADMIN, "/tool_on twice.forecast")
+        assert await bot.ask(CHAT, ADMIN, "Oslo?") == "Snow."
+        assert "出了点问题" not in everything_said(bot) and "went wrong" not in everything_said(bot)
+        assert "IntegrityError" not in caplog.text and "Traceback" not in caplog.text
+    finally:
+        twice.stop()

@@ -64,6 +64,9 @@ class Listing:
     removed: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # parameters, description or access changed
     reset: list[str] = field(default_factory=list)  # enabled once, now changing data: turned off everywhere
+    left_out: int = 0  # usable tools past `limit` (MCP_MAX_TOOLS_PER_SERVER), not taken
+    more_unread: bool = False  # the server had further pages of tools, not read
+    limit: int = McpLimits.max_tools_per_server
 
 
 # --- from the server's listing to registry tools ---------------------------------------------------------------
@@ -87,6 +90,19 @@ def registry_tool(server: str, info: ToolInfo, call: Any) -> Tool:
         parameters={"type": "object", "properties": {}, **info.input_schema},
         function=partial(call, server, info.name), progress=f"🔌 {server}: {info.title or info.name}",
         enabled_by_default=False, source=f"mcp:{server}", read_only=info.read_only, destructive=info.destructive)
+
+
+def first_of_each_name(infos: list[ToolInfo]) -> tuple[list[ToolInfo], list[str]]:
+    """(each name's first tool, "name: why" for each later one): a listing naming a tool twice is the server's
+    mistake, and the bot can offer one tool per name."""
+    kept: dict[str, ToolInfo] = {}
+    skipped = []
+    for info in infos:
+        if info.name in kept:
+            skipped.append(f"{info.name[:64]}: listed twice by the server; the first one is kept")
+        else:
+            kept[info.name] = info
+    return list(kept.values()), skipped
 
 
 def usable_tools(server: str, infos: list[ToolInfo], call: Any) -> tuple[list[Tool], list[str]]:
@@ -282,13 +298,17 @@ class McpHub:
 
     async def _list(self, connection: "McpConnection",
                     before: list[ToolInfo] | None) -> tuple[list[ToolInfo], Listing]:
-        """The usable tools a server lists now, and what changed since `before` (None: a first listing)."""
-        tools = await connection.list_tools(self.limits.max_tools_per_server)
-        infos = [tool_info(t, self.limits.description_max_chars) for t in tools]
-        usable, skipped = usable_tools(connection.spec.name, infos, self.call)
-        kept = [info for info in infos if f"{connection.spec.name}.{info.name}" in {t.name for t in usable}]
-        listing = Listing(connection.spec.name, kept, skipped, *changes(before or kept, kept))
-        return kept, listing
+        """The usable tools a server lists now (the first MCP_MAX_TOOLS_PER_SERVER of them), and what changed since
+        `before` (None: a first listing)."""
+        name, limit = connection.spec.name, self.limits.max_tools_per_server
+        tools, more_unread = await connection.list_tools(limit)
+        infos, twice = first_of_each_name([tool_info(t, self.limits.description_max_chars) for t in tools])
+        usable, unusable = usable_tools(name, infos, self.call)
+        offered = {tool.name for tool in usable}
+        kept = [info for info in infos if f"{name}.{info.name}" in offered]
+        listing = Listing(name, kept[:limit], twice + unusable, *changes(before or kept[:limit], kept[:limit]),
+                          left_out=max(0, len(kept) - limit), more_unread=more_unread, limit=limit)
+        return kept[:limit], listing
 
     def _install(self, spec: ServerSpec, infos: list[ToolInfo]) -> None:
         self.connections[spec.name] = self._connection(spec)
@@ -333,4 +353,14 @@ def _change_note(listing: Listing) -> str:
     parts = [f"{what}: {', '.join(names)}" for what, names in (
         ("added", listing.added), ("removed", listing.removed), ("changed", listing.changed),
         ("turned off, now changing data", listing.reset), ("skipped", listing.skipped)) if names]
+    if listing.left_out or listing.more_unread:
+        parts.append(left_out_text(listing))
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def left_out_text(listing: Listing) -> str:
+    """How many listed tools were not taken, and why, in one line."""
+    count = f"{listing.left_out}{' or more' if listing.more_unread else ''}"
+    noun = "tool" if count == "1" else "tools"
+    return (f"{count} more {noun} left out: at most {listing.limit} are taken from one server "
+            "(MCP_MAX_TOOLS_PER_SERVER)")

@@ -71,21 +71,23 @@ class McpConnection:
         except BaseException as error:
             raise await self._failure(client, error, "the call") from None
 
-    async def list_tools(self, limit: int) -> list[mcp_types.Tool]:
-        """The server's tools, page by page up to `limit` of them, within the connect time limit."""
+    async def list_tools(self, limit: int) -> tuple[list[mcp_types.Tool], bool]:
+        """The server's tools, page by page, within the connect time limit, until more than `limit` differently
+        named ones are known; and whether pages were left unread."""
         client = await self.client()
         tools: list[mcp_types.Tool] = []
+        cursor = None
         try:
             async with asyncio.timeout(self.connect_timeout):
-                cursor = None
-                while len(tools) < limit:
+                while True:
                     page = await client.list_tools(cursor=cursor, cache_mode="refresh")
                     tools += page.tools
-                    if not (cursor := page.next_cursor):
+                    cursor = page.next_cursor
+                    if not cursor or len({tool.name for tool in tools}) > limit:
                         break
         except BaseException as error:
             raise await self._failure(client, error, "listing its tools") from None
-        return tools[:limit]
+        return tools, bool(cursor)
 
     async def client(self) -> Client:
         """The open client, connecting first when there is none (one attempt at a time)."""

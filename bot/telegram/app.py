@@ -67,6 +67,7 @@ ADMIN_COMMANDS = [
 def build_application(settings: Settings, *, llm: LLM | None = None,
                       services_factory: ServicesFactory | None = None) -> Application:
     """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`)."""
+    add_secrets(settings.secrets())  # python-telegram-bot logs the Bot API URL as the bot is built
     async def start(settings: Settings) -> Services:
         return await start_services(settings, llm=llm)
 
@@ -188,6 +189,7 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
     await journal.claim_legacy()
     await journal.report_foreign()
     await journal.prune()
+    await journal.husk_handled()  # rows a version before the husks kept whole
     await application.bot_data[PROGRESS].clean_up(application.bot)  # left on screen by a killed process
     await dispatcher.replay()
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)

@@ -137,6 +137,21 @@ class UpdateJournal:
             log.warning("%d update(s) from %s were left unhandled; this run serves %s and skips them", count,
                         source, self.source)
 
+    async def husk_handled(self) -> int:
+        """Reduce handled updates that still hold their text (journaled before handled updates were husked) to
+        their husks, and empty the write-ahead log of what they held; how many."""
+        rows = await self.db.fetchall("SELECT source, update_id, payload FROM telegram_updates WHERE handled_at IS "
+                                      "NOT NULL AND (instr(payload, '\"text\"') OR instr(payload, '\"caption\"'))")
+        husks = [(json.dumps(journal_payloads.handled(json.loads(payload)), ensure_ascii=False), source, update_id)
+                 for source, update_id, payload in rows]
+        if husks:
+            async with self.db.transaction() as conn:
+                await conn.executemany("UPDATE telegram_updates SET payload = ? WHERE source = ? AND update_id = ?",
+                                       husks)
+            await self.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            log.info("%d handled update(s) in the journal reduced to what recognises them", len(husks))
+        return len(husks)
+
     async def prune(self, days: int = KEEP_HANDLED_DAYS) -> None:
         """Forget updates older than `days` that were handled, or that another source left (never handled here)."""
         async with self.db.transaction() as conn:
