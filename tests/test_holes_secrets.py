@@ -254,6 +254,8 @@ async def test_probe_mcp_secrets_at_rest_debug_logs_redact_url_credentials_and_t
                             webhook_url=f"http://127.0.0.1:{port}/hook", webhook_port=port,
                             webhook_secret_token=hook_secret)
     await bot.stop()
+    assert PASSWORD not in str(await bot.query("SELECT source FROM telegram_updates"))  # none yet, or masked
+    assert bot.source_key(1).startswith(f"tg:{telegram_server.bot.id}@http://relay:{{password}}@127.0.0.1:")
     [hooked] = telegram_server.calls_to("setWebhook")
     assert hooked.params["secret_token"] == hook_secret  # the secret was sent, and logged at DEBUG
     assert "Calling Bot API endpoint `setWebhook`" in caplog.text and "Set Bot API URL" in caplog.text

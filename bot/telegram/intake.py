@@ -22,6 +22,7 @@ import json
 import logging
 import warnings
 from typing import Sequence
+from urllib.parse import urlsplit
 
 from telegram import Bot, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError
@@ -46,9 +47,12 @@ RESEND_AFTER_SECONDS = TurnsSettings.answer_resend_seconds
 
 
 def journal_source(bot_id: int, settings: Settings) -> str:
-    """Where update ids come from, and are unique: '<bot id>@<Bot API base URL>' (a token in the URL masked)."""
+    """Where update ids come from, and are unique: '<bot id>@<Bot API base URL>' (a token or a password in the URL
+    masked: the source is written into every journal row and turn key)."""
     url, token = settings.telegram.telegram_base_url, settings.telegram.telegram_bot_token
-    return f"{bot_id}@{url.replace(token, '{token}') if token else url}"
+    url = url.replace(token, "{token}") if token else url
+    password = urlsplit(url).password
+    return f"{bot_id}@{url.replace(f':{password}@', ':{password}@') if password else url}"
 
 
 def turn_source_key(source: str, update_id: int) -> str:
