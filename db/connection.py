@@ -78,6 +78,25 @@ class Database:
                 raise
             raise DatabaseBusy(str(error)) from error
 
+    async def checkpoint(self, attempts: int = 5) -> bool:
+        """Copy the write-ahead log into the database file and empty the log, between writers (the log keeps the
+        pages a secret was written to until it is reused; after a secret is scrubbed from a row, it must go).
+        Best effort: a read still open on the shared connection makes SQLite refuse, so it is tried `attempts`
+        times; whether it was done."""
+        for attempt in range(attempts):
+            async with self._write_lock.hold(False):
+                try:
+                    async with self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)") as cursor:
+                        busy, _, _ = await cursor.fetchone()
+                except sqlite3.OperationalError as error:
+                    if not is_busy(error):
+                        raise
+                    busy = 1
+            if not busy:
+                return True
+            await asyncio.sleep(0.05 * (attempt + 1))
+        return False
+
     async def fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[aiosqlite.Row]:
         """All rows of a query."""
         async with self.conn.execute(sql, tuple(params)) as cursor:

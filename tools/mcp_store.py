@@ -246,7 +246,7 @@ async def seal_plain_servers(db: Database, box: SecretBox) -> int:
             url, headers, sealed = _stored_columns(_stored_spec(row, box), box)
             await conn.execute("UPDATE mcp_servers SET url = ?, headers = ?, sealed = ? WHERE name = ?",
                                (url, headers, sealed, row[0]))
-    await db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    await db.checkpoint()
     return len(rows)
 
 

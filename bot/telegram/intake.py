@@ -108,8 +108,9 @@ class UpdateJournal:
             await conn.execute(
                 "UPDATE telegram_updates SET handled_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), payload = ? "
                 "WHERE source = ? AND update_id = ?", (husk, self.source, update.update_id))
-        if journal_payloads.carries_secrets(payload):
-            await self.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if journal_payloads.carries_secrets(payload) and not await self.db.checkpoint():
+            log.info("update %s: the write-ahead log could not be emptied now; the next checkpoint overwrites it",
+                     update.update_id)
 
     async def unhandled(self, bot: Bot) -> list[Update]:
         """Updates written but never handled (a crash, or turns stopped by shutdown), oldest first."""
@@ -152,7 +153,7 @@ class UpdateJournal:
             async with self.db.transaction() as conn:
                 await conn.executemany("UPDATE telegram_updates SET payload = ? WHERE source = ? AND update_id = ?",
                                        husks)
-            await self.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            await self.db.checkpoint()
             log.info("%d handled update(s) in the journal reduced to what recognises them", len(husks))
         return len(husks)
 
