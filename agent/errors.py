@@ -1,4 +1,4 @@
-"""Errors raised by the agent and its model backends (the whole tree, with its root, is drawn in db/errors.py).
+"""Errors raised by the agent and its model backends (the whole tree, with its root, is drawn in core/errors.py).
 
     AgentError                 base of everything below
     └── LLMError               a backend could not produce a completion
@@ -12,7 +12,7 @@ to the model as observations. These exceptions are for failures the model cannot
 """
 
 
-from db.errors import BotError
+from core.errors import BotError
 
 
 class AgentError(BotError):

@@ -1,1 +1,2 @@
-"""Below every layer: what agent/, tools/, db/ and bot/ all need and none of them owns."""
+"""What every package of the bot shares and nothing of it imports: the root of the error tree (errors.py) and the
+one redactor of secrets (secrets.py)."""
