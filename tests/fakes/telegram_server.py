@@ -220,6 +220,11 @@ class FakeTelegramServer:
             self._changed.notify_all()
         return update_id
 
+    def pushed(self, update_id: int) -> dict[str, Any]:
+        """The update queued under `update_id`, as the bot received it."""
+        with self._lock:
+            return self._state.pushed[update_id]
+
     def redeliver(self, update_id: int) -> None:
         """Queue an update again, same id: what Telegram does when it never saw the confirmation."""
         with self._changed:
