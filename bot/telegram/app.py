@@ -24,9 +24,10 @@ from bot.program import systemd
 from bot.program.config import Settings
 from bot.program.endpoint import Endpoint
 from bot.program.health import HealthCheck
+from bot.program.logs import add_secrets
 from bot.program.metrics import BotMetrics
 from bot.program.services import Services, naming_database_path, start_services
-from bot.telegram import admin, admin_mcp, handlers
+from bot.telegram import admin, admin_docs, admin_mcp, handlers
 from bot.telegram.context import (HEALTH, METRICS, PROGRESS, SERVICES, TELEGRAM_CALLS, TURNS, BotContext,
                                   runtime_data)
 from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
@@ -49,6 +50,7 @@ USER_COMMANDS = [
     ("cancel", "stop the running answer", "停止正在进行的回答"),
     ("trace", "steps of the last answer", "上一次回答的步骤"),
     ("tools", "tools enabled here", "本聊天可用的工具"),
+    ("docs", "documents I can search here", "本聊天可搜索的文档"),
 ]
 ADMIN_COMMANDS = [
     ("tool_on", "NAME [global] [destructive]: enable a tool"),
@@ -66,12 +68,16 @@ ADMIN_COMMANDS = [
     ("mcp_add", "NAME URL [Header=value]: connect an MCP server"),
     ("mcp_refresh", "NAME: list a server's tools again"),
     ("mcp_del", "NAME: remove an MCP server"),
+    ("doc_add", "[global], replying to a file: add a document"),
+    ("doc_del", "ID: remove a document"),
+    ("doc_scope", "ID global|here: where a document is searched"),
 ]
 
 
 def build_application(settings: Settings, *, llm: LLM | None = None,
                       services_factory: ServicesFactory | None = None) -> Application:
     """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`)."""
+    add_secrets(settings.secrets())  # python-telegram-bot logs the Bot API URL as the bot is built
     async def start(settings: Settings) -> Services:
         return await start_services(settings, llm=llm)
 
@@ -82,6 +88,7 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
         .base_url(settings.telegram.telegram_base_url)
         .request(MeteredRequest(calls, connection_pool_size=CALLS_POOL_SIZE))
         .get_updates_request(MeteredRequest(calls, connection_pool_size=UPDATES_POOL_SIZE))
+        .base_file_url(settings.telegram.file_url())
         .context_types(ContextTypes(context=BotContext))
         .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram.telegram_messages_per_second,
                                      group_max_rate=settings.telegram.telegram_group_messages_per_minute,
@@ -113,13 +120,24 @@ def register_handlers(application: Application) -> None:
         "allow": admin.allow, "deny": admin.deny, "admins": admin.admins, "stats": admin.stats,
         "mcp_add": admin_mcp.mcp_add, "mcp_list": admin_mcp.mcp_list, "mcp_del": admin_mcp.mcp_del,
         "mcp_refresh": admin_mcp.mcp_refresh,
+        "docs": handlers.docs, "doc_add": admin_docs.doc_add, "doc_del": admin_docs.doc_del,
+        "doc_scope": admin_docs.doc_scope,
     }
-    # `/tools all` (admins) before plain `/tools`: the first matching handler of a group wins.
+    # `/tools all` and `/docs all` (admins) before plain `/tools` and `/docs`: the first matching handler wins.
     application.add_handler(CommandHandler("tools", admin.tools_all, filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
     application.add_handler(CommandHandler("tools", handlers.tools, filters=typed))
+    application.add_handler(CommandHandler("docs", admin_docs.docs_all,
+                                           filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
     for name, callback in commands.items():
         application.add_handler(CommandHandler(name, callback, filters=typed))
     application.add_handler(MessageHandler(new & filters.StatusUpdate.MIGRATE, handlers.on_migrate))
+    # Documents: a file with /doc_add as its caption (typed, not forwarded: a forwarded caption is someone else's
+    # text), anywhere; any file in a private chat (forwarding one to the bot is how an admin hands it over). Image
+    # files are pictures to ask about, not documents to search.
+    application.add_handler(MessageHandler(
+        typed & filters.Document.ALL & filters.CaptionRegex(admin_docs.CAPTION_COMMAND), admin_docs.doc_add_caption))
+    application.add_handler(MessageHandler(new & private & filters.Document.ALL & ~filters.Document.IMAGE,
+                                           admin_docs.on_private_file))
     application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
     application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
     application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,
@@ -208,12 +226,14 @@ def open_endpoint(settings: Settings, metrics: BotMetrics, health: HealthCheck) 
 async def _take_updates(application: Application, settings: Settings, stop: asyncio.Event,
                         poll_timeout: float) -> None:
     services: Services = application.bot_data[SERVICES]
-    journal = UpdateJournal(services.db, journal_source(application.bot.id, settings))
+    journal = UpdateJournal(services.db, journal_source(application.bot.id, settings),
+                            max_question_chars=settings.turns.max_question_chars)
     dispatcher = Dispatcher(application, journal, application.bot_data[TURNS],
                             resend_after=settings.turns.answer_resend_seconds)
     await journal.claim_legacy()
     await journal.report_foreign()
     await journal.prune()
+    await journal.husk_handled()  # rows a version before the husks kept whole
     await application.bot_data[PROGRESS].clean_up(application.bot)  # left on screen by a killed process
     await dispatcher.replay()
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)
@@ -276,8 +296,10 @@ async def _start_intake(application: Application, settings: Settings, dispatcher
     async def accept(update: Update) -> None:
         await dispatcher.accept([update])
 
+    secret = webhook.webhook_secret_token or secrets.token_urlsafe(32)
+    add_secrets([secret])  # python-telegram-bot logs setWebhook's parameters at DEBUG
     server = WebhookServer(application.bot, accept, url=webhook.webhook_url, listen=webhook.webhook_listen,
-                           port=webhook.webhook_port, secret=webhook.webhook_secret_token or secrets.token_urlsafe(32),
+                           port=webhook.webhook_port, secret=secret,
                            max_body_bytes=webhook.webhook_max_body_bytes, allowed_updates=ALLOWED_UPDATES)
     return _Intake(asyncio.create_task(server.run(), name="webhook"))
 

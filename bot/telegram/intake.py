@@ -6,7 +6,8 @@ After a crash or a shutdown that interrupted turns, the unhandled updates are ha
 update Telegram sends twice is recognised by its id (and a turn already stored is not stored twice: the agent's
 `source_key`). Ids are unique only for one bot at one Bot API server, so each row carries its source (the bot id
 and TELEGRAM_BASE_URL): another server's ids starting again at 1 are new updates, and what is skipped is logged.
-Webhook updates go through the same journal (bot/telegram/webhook.py).
+Webhook updates go through the same journal (bot/telegram/webhook.py). What a row keeps is the update until it is
+handled, and only its husk after (bot/telegram/journal_payloads.py): no text stays in the journal for days.
 
 Each update is handled in its own task, started in update order, so handlers can take their place in line
 (bot/telegram/turns.py) in the order the updates came; other chats go on in parallel and `/help` never waits for
@@ -21,6 +22,7 @@ import json
 import logging
 import warnings
 from typing import Sequence
+from urllib.parse import urlsplit
 
 from telegram import Bot, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError
@@ -28,6 +30,7 @@ from telegram.ext import Application
 
 from agent.unicode import clean_text, has_surrogates
 from bot.program.config import Settings, TurnsSettings
+from bot.telegram import journal_payloads
 from bot.telegram.replies import quietly, retry_after_seconds
 from bot.telegram.turns import UNDELIVERED, TurnScheduler
 from db import Database, DatabaseError
@@ -44,9 +47,12 @@ RESEND_AFTER_SECONDS = TurnsSettings.answer_resend_seconds
 
 
 def journal_source(bot_id: int, settings: Settings) -> str:
-    """Where update ids come from, and are unique: '<bot id>@<Bot API base URL>' (a token in the URL masked)."""
+    """Where update ids come from, and are unique: '<bot id>@<Bot API base URL>' (a token or a password in the URL
+    masked: the source is written into every journal row and turn key)."""
     url, token = settings.telegram.telegram_base_url, settings.telegram.telegram_bot_token
-    return f"{bot_id}@{url.replace(token, '{token}') if token else url}"
+    url = url.replace(token, "{token}") if token else url
+    password = urlsplit(url).password
+    return f"{bot_id}@{url.replace(f':{password}@', ':{password}@') if password else url}"
 
 
 def turn_source_key(source: str, update_id: int) -> str:
@@ -64,9 +70,10 @@ LEGACY_TURN_KEY_PREFIX = "tg:update:"  # turns asked for before updates had a so
 class UpdateJournal:
     """The `telegram_updates` table: what arrived from `source` (one bot at one Bot API server), what was handled."""
 
-    def __init__(self, db: Database, source: str):
+    def __init__(self, db: Database, source: str, *, max_question_chars: int | None = None):
         self.db = db
         self.source = source
+        self.max_question_chars = max_question_chars  # a longer text is journaled cut (journal_payloads.admitted)
 
     def turn_key(self, update_id: int) -> str:
         """The `source_key` of the turn update `update_id` asks for."""
@@ -84,7 +91,7 @@ class UpdateJournal:
                                     "WHERE source = ? AND update_id BETWEEN ? AND ?",
                                     (self.source, min(ids), max(ids))) as cursor:
                 seen = {row[0]: row[1] for row in await cursor.fetchall()}
-            fresh = [readable(update) for update in
+            fresh = [readable(update, self.max_question_chars) for update in
                      {u.update_id: u for u in updates if u.update_id not in seen}.values()]
             await conn.executemany(
                 "INSERT OR IGNORE INTO telegram_updates (source, update_id, payload) VALUES (?, ?, ?)",
@@ -92,12 +99,18 @@ class UpdateJournal:
         _log_skipped([u for u in updates if u.update_id in seen], seen)
         return [update for update, _ in fresh]
 
-    async def mark_handled(self, update_id: int) -> None:
-        """Record that the update's handler ended."""
+    async def mark_handled(self, update: Update) -> None:
+        """Record that the update's handler ended; the row keeps only the update's husk from now on (and after a
+        command that carried secrets, the write-ahead log is emptied of the page that held them)."""
+        payload = update.to_dict()
+        husk = json.dumps(journal_payloads.handled(payload), ensure_ascii=False)
         async with self.db.transaction() as conn:
             await conn.execute(
-                "UPDATE telegram_updates SET handled_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
-                "WHERE source = ? AND update_id = ?", (self.source, update_id))
+                "UPDATE telegram_updates SET handled_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), payload = ? "
+                "WHERE source = ? AND update_id = ?", (husk, self.source, update.update_id))
+        if journal_payloads.carries_secrets(payload) and not await self.db.checkpoint():
+            log.info("update %s: the write-ahead log could not be emptied now; the next checkpoint overwrites it",
+                     update.update_id)
 
     async def unhandled(self, bot: Bot) -> list[Update]:
         """Updates written but never handled (a crash, or turns stopped by shutdown), oldest first."""
@@ -129,6 +142,21 @@ class UpdateJournal:
             log.warning("%d update(s) from %s were left unhandled; this run serves %s and skips them", count,
                         source, self.source)
 
+    async def husk_handled(self) -> int:
+        """Reduce handled updates that still hold their text (journaled before handled updates were husked) to
+        their husks, and empty the write-ahead log of what they held; how many."""
+        rows = await self.db.fetchall("SELECT source, update_id, payload FROM telegram_updates WHERE handled_at IS "
+                                      "NOT NULL AND (instr(payload, '\"text\"') OR instr(payload, '\"caption\"'))")
+        husks = [(json.dumps(journal_payloads.handled(json.loads(payload)), ensure_ascii=False), source, update_id)
+                 for source, update_id, payload in rows]
+        if husks:
+            async with self.db.transaction() as conn:
+                await conn.executemany("UPDATE telegram_updates SET payload = ? WHERE source = ? AND update_id = ?",
+                                       husks)
+            await self.db.checkpoint()
+            log.info("%d handled update(s) in the journal reduced to what recognises them", len(husks))
+        return len(husks)
+
     async def prune(self, days: int = KEEP_HANDLED_DAYS) -> None:
         """Forget updates older than `days` that were handled, or that another source left (never handled here)."""
         async with self.db.transaction() as conn:
@@ -153,11 +181,12 @@ def _identity(update: dict) -> tuple:
     return (message.get("chat", {}).get("id"), message.get("message_id"), message.get("date"))
 
 
-def readable(update: Update) -> tuple[Update, str]:
+def readable(update: Update, max_question_chars: int | None = None) -> tuple[Update, str]:
     """The update as handlers may take it, and its JSON for the journal: UTF-8 text as written (not `\\uXXXX`
     escapes, which take twice the room for Chinese), with any lone surrogate replaced (agent/unicode.py), since
-    neither SQLite nor a Bot API call can encode one."""
-    payload = json.dumps(update.to_dict(), ensure_ascii=False)
+    neither SQLite nor a Bot API call can encode one; a text far over `max_question_chars` is journaled cut
+    (journal_payloads.admitted), the handler taking it whole."""
+    payload = json.dumps(journal_payloads.admitted(update.to_dict(), max_question_chars), ensure_ascii=False)
     if not has_surrogates(payload):
         return update, payload
     payload = clean_text(payload)  # surrogates only occur inside JSON strings, so the JSON stays valid
@@ -215,7 +244,7 @@ class Dispatcher:
             try:
                 kept = self.turns.take_kept(update.update_id)
                 if kept is None:
-                    await self._mark_handled(update.update_id)
+                    await self._mark_handled(update)
                 elif kept == UNDELIVERED and not self.turns.closing:
                     self._resend_later(update)
             finally:
@@ -234,10 +263,11 @@ class Dispatcher:
         if not self.turns.closing:
             self._start(update)
 
-    async def _mark_handled(self, update_id: int) -> None:
+    async def _mark_handled(self, update: Update) -> None:
+        update_id = update.update_id
         self.handled += 1
         try:
-            await self.journal.mark_handled(update_id)
+            await self.journal.mark_handled(update)
             if self.handled % PRUNE_EVERY == 0:
                 await self.journal.prune()
         except DatabaseError as error:  # busy, or gone: the update is handled again after a restart

@@ -18,6 +18,7 @@ from agent.events import AnswerText, EventSink, ToolStarted
 from agent.memory import Session
 from bot.program.config import Settings
 from bot.program.metrics import TurnTimer
+from bot.program.doc_reports import with_sources
 from bot.telegram.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
@@ -190,7 +191,7 @@ async def agent_answer(context: BotContext, session: Session, question: str, slo
         return text("busy", lang)
     timer.status = str(result.status)
     context.metrics.tools_used(result)
-    return result.answer
+    return await with_sources(context.services.documents, result, lang)  # the documents it used, listed under it
 
 
 def is_blank(question: str) -> bool:

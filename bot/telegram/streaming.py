@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from telegram import Bot, Message
 from telegram.error import BadRequest, Forbidden, InvalidToken, TelegramError
 
-from bot.telegram.replies import (MAX_MESSAGE, PROGRESS_PATIENCE_SECONDS, edit_chunk, quietly, send_chunk, send_draft,
-                         split_message, utf16_len)
+from bot.telegram.replies import (MAX_MESSAGE, PROGRESS_PATIENCE_SECONDS, edit_chunk, outgoing, quietly, send_chunk,
+                         send_draft, split_message, utf16_len)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class AnswerStream:
 
     def show(self, text: str) -> None:
         """The answer so far (called on every change; cheap): the next update shows the latest."""
-        self._latest = text
+        self._latest = outgoing(text)  # redacted before it is split: a piece then keeps its length
         self._changed.set()
 
     async def finish(self, answer: str) -> list[Message]:
@@ -92,7 +92,7 @@ class AnswerStream:
         Raises what `send_chunk` raises when Telegram stays unreachable (the caller keeps the update for later).
         """
         await self._stop_updates()
-        pieces = split_message(answer) or ["…"]
+        pieces = split_message(outgoing(answer)) or ["…"]
         if any(index < len(self.messages) and self.shown[index] != piece for index, piece in enumerate(pieces)):
             await self._keep_pace()
         for index, piece in enumerate(pieces):
