@@ -108,6 +108,21 @@ FIXTURES: dict[str, list[Row] | Nothing] = {
         Row("chat_options", {"scope": "global", "name": "require_tool_call", "value": "on"}),
         Row("chat_options", {"scope": "tg:1001", "name": "require_tool_call", "value": "off"}),
     ),
+    "0012_documents": rows(
+        Row("documents", {"id": 1, "name": "team-guide.md", "title": "Team guide", "kind": "md", "size_bytes": 120,
+                          "text_bytes": 110, "sha256": "ab" * 32, "chunk_count": 1, "scope": "global",
+                          "added_by": 42, "added_by_name": "Ada", "added_in": 42}),
+        Row("document_chunks", {"id": 1, "document_id": 1, "position": 0, "heading": "Team guide › Setup",
+                                "body": "Run scripts/run.sh once; 大模型技术实战 has 200 lessons."}),
+        Row("document_index", {"rowid": 1, "heading": "Team guide › Setup",
+                               "body": "Run scripts/run.sh once; 大模型 模型技 型技术 has 200 lessons."}),
+        Row("document_chunk_vectors", {"chunk_id": 1, "model": "text-embedding-3-small", "dims": 2,
+                                       "vector": b"\x00\x00\x80\x3f\x00\x00\x00\x40"}),
+    ),
+    "0013_sealed_mcp_secrets": rows(
+        Row("mcp_servers", {"name": "wiki", "transport": "http", "url": "https://wiki.example.org/mcp",
+                            "headers": '{"Authorization": ""}', "added_by": 42, "sealed": "gAAAAAB-sealed-by-fernet"}),
+    ),
     "0016_health_checks": rows(
         Row("health_checks", {"id": 1, "checked_at": "2025-05-01T10:00:30.000Z"}),
     ),
