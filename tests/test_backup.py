@@ -94,7 +94,7 @@ async def test_a_backup_taken_during_8_concurrent_turns_is_whole_and_holds_every
 
 
 async def test_qwenbot_backup_names_a_dated_file_in_a_folder_and_refuses_to_overwrite_the_database(
-        tmp_path, monkeypatch, capsys):
+        logging_restored, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DATA_DIR", str(tmp_path))
     monkeypatch.setenv("TOKENIZER_VOCAB_PATH", str(tmp_path / "absent.tiktoken"))
     await make_database(tmp_path / "bot.sqlite3", ["backed-up course"])
@@ -290,7 +290,8 @@ async def test_a_restore_replaces_the_file_in_one_step_and_keeps_the_old_one(tmp
     assert report.pending == ()
 
 
-async def test_an_older_backup_is_restored_and_migrated_at_the_next_open(tmp_path, capsys, monkeypatch):
+async def test_an_older_backup_is_restored_and_migrated_at_the_next_open(logging_restored, tmp_path, capsys,
+                                                                         monkeypatch):
     from db.migrate import MIGRATIONS_FOLDER, discover
 
     old_folder = tmp_path / "old-migrations"

@@ -183,7 +183,8 @@ async def test_healthz_says_telegram_is_unreachable_after_its_window(telegram_se
     assert body["checks"]["telegram"]["detail"].endswith("s ago (HEALTH_TELEGRAM_SECONDS=1)")
 
 
-async def test_qwenbot_health_asks_the_running_bot(telegram_server, tmp_path, monkeypatch, capsys):
+async def test_qwenbot_health_asks_the_running_bot(logging_restored, telegram_server, tmp_path, monkeypatch,
+                                                   capsys):
     port = free_port()
     bot = await running_bot(telegram_server, tmp_path, [], metrics_port=port)
     try:
