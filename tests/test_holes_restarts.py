@@ -1,0 +1,45 @@
+"""Delivery, the database and restarts, round three (issue 43): each test is one probe of the outside attack run,
+named after it, on the fake Bot API server (tests/fakes/telegram_server.py) or the real-process harness
+(tests/test_faults_process.py's `BotProcess`).
+
+1. update ids restarting at the same URL (a Bot API server restarted with its ids from 1);
+2. every edit of a streamed group answer refused: no stale partial copy stays beside the answer;
+3. sendMessage failing for a minute: the answer arrives once Telegram takes it again, before the next answer;
+4. kill -9 right after answers are sent: nobody gets an answer twice after the restart;
+5. the database held by another writer past the busy timeout: the answer is delivered, and stored later;
+6. the database deleted while running: a notice to questions in flight, and no silent fresh database;
+7. an admin command from a chat that is not allowed: no "admins only" into that chat.
+"""
+
+from __future__ import annotations
+
+from bot.telegram.i18n import text
+from tests.fakes.telegram_bot import ADMIN, ALICE, BOB, STRANGERS, final, private_chat, start_bot, telegram_server
+from tests.fakes.telegram_server import User
+
+__all__ = ["start_bot", "telegram_server"]  # fixtures used by name
+
+
+# --- 7. an admin command from a chat that is not allowed -------------------------------------------------------
+
+async def test_probe_7_an_admin_command_from_a_chat_that_is_not_allowed_gets_no_admins_only_reply(start_bot,
+                                                                                                  telegram_server):
+    bot = await start_bot()
+    courses = await bot.query("SELECT name FROM courses ORDER BY id")
+    # Forged: no sender, as a channel's post looks, in a group nobody allowed. Nobody to refuse, so nothing.
+    telegram_server.push_message(STRANGERS, None, sender_chat=STRANGERS.as_dict(), text="/course_del 大模型技术实战")
+    # A stranger there, and one in private: the refusal every message of a stranger gets (once), no admin line.
+    dave = User(4004, "Dave", "en")
+    telegram_server.send_text(STRANGERS, BOB, "/deny 1001")
+    telegram_server.send_text(private_chat(dave), dave, "/course_del 大模型技术实战")
+    await bot.all_handled()
+    await telegram_server.settle()
+
+    assert telegram_server.sent_texts(STRANGERS.id) == [text("not_allowed", "en", user_id=BOB.id)]
+    assert telegram_server.sent_texts(dave.id) == [text("not_allowed", "en", user_id=dave.id)]
+    assert not any("admins only" in said for said in telegram_server.sent_texts())
+    assert await bot.query("SELECT name FROM courses ORDER BY id") == courses
+    assert await bot.query("SELECT * FROM access_list") == []
+    # Where the bot may talk, a non-admin still learns that the command is for admins.
+    assert await bot.ask(private_chat(ALICE), ALICE, "/course_del 大模型技术实战") == "⛔ This command is for admins only."
+    assert ADMIN.id not in {call.params["chat_id"] for call in telegram_server.sent()}
