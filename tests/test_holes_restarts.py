@@ -14,10 +14,30 @@ named after it, on the fake Bot API server (tests/fakes/telegram_server.py) or t
 from __future__ import annotations
 
 from bot.telegram.i18n import text
-from tests.fakes.telegram_bot import ADMIN, ALICE, BOB, STRANGERS, final, private_chat, start_bot, telegram_server
+from bot.telegram.replies import split_message
+from tests.fakes.telegram_bot import (ADMIN, ALICE, BOB, CAROL, STRANGERS, TEAM, final, private_chat, start_bot,
+                                      telegram_server)
 from tests.fakes.telegram_server import User
+from tests.test_telegram_limits import LONG_ANSWER
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
+
+
+# --- 2. every edit of a streamed group answer refused --------------------------------------------------------
+
+async def test_probe_2_a_streamed_group_answer_whose_edits_are_all_refused_ends_as_exactly_its_pieces(
+        start_bot, telegram_server):
+    telegram_server.fail("editMessageText", status=400, description="Bad Request: message can't be edited",
+                         times=-1)
+    bot = await start_bot([final(LONG_ANSWER)], token_seconds=0.0005, group_stream_interval_seconds=0.2)
+    telegram_server.send_text(TEAM, CAROL, "/ask tell me everything")
+    await bot.answers(TEAM.id, 1, timeout=30)
+    await bot.turns_done(timeout=60)
+
+    pieces = split_message(LONG_ANSWER)
+    assert len(pieces) == 3
+    assert telegram_server.calls_to("editMessageText", ok=False)  # it streamed, and Telegram refused the edits
+    assert telegram_server.visible_messages(TEAM.id) == pieces  # no stale partial copy beside the pieces
 
 
 # --- 7. an admin command from a chat that is not allowed -------------------------------------------------------
