@@ -13,6 +13,8 @@ named after it, on the fake Bot API server (tests/fakes/telegram_server.py) or t
 
 from __future__ import annotations
 
+import time
+
 from bot.telegram.i18n import text
 from bot.telegram.replies import split_message
 from tests.fakes.telegram_bot import (ADMIN, ALICE, BOB, CAROL, STRANGERS, TEAM, final, private_chat, start_bot,
@@ -21,6 +23,8 @@ from tests.fakes.telegram_server import User
 from tests.test_telegram_limits import LONG_ANSWER
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
+
+CHAT = private_chat(ALICE)
 
 
 # --- 2. every edit of a streamed group answer refused --------------------------------------------------------
@@ -38,6 +42,31 @@ async def test_probe_2_a_streamed_group_answer_whose_edits_are_all_refused_ends_
     assert len(pieces) == 3
     assert telegram_server.calls_to("editMessageText", ok=False)  # it streamed, and Telegram refused the edits
     assert telegram_server.visible_messages(TEAM.id) == pieces  # no stale partial copy beside the pieces
+
+
+# --- 3. sendMessage failing for a while ----------------------------------------------------------------------
+
+async def test_probe_3_an_answer_telegram_refused_for_a_while_arrives_without_a_restart_before_the_next_one(
+        start_bot, telegram_server):
+    # The probe's minute, scaled down: the outage outlasts one try of the answer (SEND_PATIENCE_SECONDS), and the
+    # next question comes once Telegram takes messages again, before the first answer's next try is due.
+    bot = await start_bot([final("first answer"), final("second answer")], send_patience_seconds=0.5,
+                          answer_resend_seconds=1.5)
+    outage = telegram_server.fail("sendMessage", status=502, for_seconds=1.2)
+    telegram_server.send_text(CHAT, ALICE, "first question")
+    await telegram_server.wait_for(lambda: telegram_server.calls_to("sendMessage"), 10, "the first try")
+    await telegram_server.wait_for(lambda: time.monotonic() > outage.until, 10, "the outage to end")
+    telegram_server.send_text(CHAT, ALICE, "second question")
+
+    await telegram_server.wait_for(lambda: "second answer" in telegram_server.sent_texts(ALICE.id), 20,
+                                   "the second answer")
+    await bot.all_handled()
+    await telegram_server.settle()
+    # In order and each once, without a restart; the second question was told it waits for the first.
+    assert telegram_server.sent_texts(ALICE.id) == [text("queued", "zh"), "first answer", "second answer"]
+    assert len(bot.llm.requests) == 2
+    assert await bot.query("SELECT question, answer FROM turns ORDER BY id") == [
+        ("first question", "first answer"), ("second question", "second answer")]
 
 
 # --- 7. an admin command from a chat that is not allowed -------------------------------------------------------

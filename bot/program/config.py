@@ -231,7 +231,7 @@ class TurnsSettings:
     max_question_chars: int = 4096
     shutdown_grace_seconds: float = 10.0
     send_patience_seconds: float = 30.0
-    answer_resend_seconds: float = 60.0
+    answer_resend_seconds: float = 5.0
 
     def validate(self) -> None:
         """Refuse limits and waits that are not positive."""

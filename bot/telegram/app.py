@@ -23,7 +23,7 @@ from agent.llm.base import LLM
 from bot.program.config import Settings
 from bot.program.services import Services, naming_database_path, start_services
 from bot.telegram import admin, admin_mcp, handlers
-from bot.telegram.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
+from bot.telegram.context import DELIVERIES, PROGRESS, SERVICES, TURNS, BotContext, runtime_data
 from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
 from bot.telegram.ratelimit import BotRateLimiter
 from bot.telegram.replies import quietly
@@ -127,7 +127,9 @@ def _post_init(settings: Settings, start: ServicesFactory) -> Callable[[Applicat
 
 
 async def _post_shutdown(application: Application) -> None:
-    """Close the model and the database (after every handler has ended)."""
+    """Close the model and the database (after every handler has ended, and the last delivery is written)."""
+    if (deliveries := application.bot_data.get(DELIVERIES)) is not None:
+        await deliveries.settled()
     services: Services | None = application.bot_data.pop(SERVICES, None)
     if services is not None:
         await services.close()
@@ -181,8 +183,7 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
                         poll_timeout: float) -> None:
     services: Services = application.bot_data[SERVICES]
     journal = UpdateJournal(services.db, journal_source(application.bot.id, settings))
-    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS],
-                            resend_after=settings.turns.answer_resend_seconds)
+    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS])
     await journal.claim_legacy()
     await journal.report_foreign()
     await journal.prune()

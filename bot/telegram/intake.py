@@ -27,9 +27,9 @@ from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.ext import Application
 
 from agent.unicode import clean_text, has_surrogates
-from bot.program.config import Settings, TurnsSettings
+from bot.program.config import Settings
 from bot.telegram.replies import quietly, retry_after_seconds
-from bot.telegram.turns import UNDELIVERED, TurnScheduler
+from bot.telegram.turns import TurnScheduler
 from db import Database, DatabaseError
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,6 @@ KEEP_HANDLED_DAYS = 3  # Telegram redelivers unconfirmed updates for 24 hours: k
 PRUNE_EVERY = 1000  # handled updates between two prunings of the journal
 BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
 FINISH_BOUND_SECONDS = 10  # after cancelling, how long cancelled turns get to wind down
-RESEND_AFTER_SECONDS = TurnsSettings.answer_resend_seconds
 
 
 def journal_source(bot_id: int, settings: Settings) -> str:
@@ -130,11 +129,16 @@ class UpdateJournal:
                         source, self.source)
 
     async def prune(self, days: int = KEEP_HANDLED_DAYS) -> None:
-        """Forget updates older than `days` that were handled, or that another source left (never handled here)."""
+        """Forget updates older than `days` that were handled, or that another source left (never handled here);
+        and the delivery records of answers as old (bot/telegram/deliveries.py), which matter only while their
+        update may be handled again."""
+        since = f"-{days} days"
         async with self.db.transaction() as conn:
             await conn.execute(
                 "DELETE FROM telegram_updates WHERE (handled_at IS NOT NULL OR source NOT IN (?, '')) "
-                "AND received_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)", (self.source, f"-{days} days"))
+                "AND received_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)", (self.source, since))
+            await conn.execute("DELETE FROM answer_deliveries WHERE delivered_at < "
+                               "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)", (since,))
 
 
 def _log_skipped(skipped: list[Update], journaled: dict[int, str]) -> None:
@@ -171,19 +175,15 @@ def readable(update: Update) -> tuple[Update, str]:
 class Dispatcher:
     """Runs each journaled update through the application in its own task, and records when it is handled.
 
-    An update whose answer Telegram did not take (bot/telegram/questions.py `deliver`) stays unhandled and is
-    handled again `resend_after` seconds later: its turn is stored, so the answer comes from the store, not from
-    the model.
+    An update whose turn shutdown stopped before its answer was delivered (bot/telegram/turns.py) stays unhandled,
+    and the next start handles it again: a stored turn is answered from the store, not from the model.
     """
 
-    def __init__(self, application: Application, journal: UpdateJournal, turns: TurnScheduler, *,
-                 resend_after: float = RESEND_AFTER_SECONDS):
+    def __init__(self, application: Application, journal: UpdateJournal, turns: TurnScheduler):
         self.application = application
         self.journal = journal
         self.turns = turns
-        self.resend_after = resend_after
         self.tasks: dict[int, asyncio.Task] = {}
-        self.resends: dict[int, asyncio.Task] = {}  # undelivered answers waiting to be sent again
         self.handled = 0
 
     async def accept(self, updates: Sequence[Update]) -> None:
@@ -193,8 +193,7 @@ class Dispatcher:
 
     async def replay(self) -> int:
         """Start handling what an earlier run left unhandled; how many."""
-        pending = [u for u in await self.journal.unhandled(self.application.bot)
-                   if u.update_id not in self.tasks and u.update_id not in self.resends]
+        pending = [u for u in await self.journal.unhandled(self.application.bot) if u.update_id not in self.tasks]
         for update in pending:
             self._start(update)
         if pending:
@@ -213,26 +212,11 @@ class Dispatcher:
         finally:
             self.turns.detach_journal_key(update.update_id)
             try:
-                kept = self.turns.take_kept(update.update_id)
-                if kept is None:
+                if not self.turns.take_kept(update.update_id):
                     await self._mark_handled(update.update_id)
-                elif kept == UNDELIVERED and not self.turns.closing:
-                    self._resend_later(update)
             finally:
                 # Only now: `finish` waits for what is in `tasks`, and the database must outlive the marking.
                 self.tasks.pop(update.update_id, None)
-
-    def _resend_later(self, update: Update) -> None:
-        log.info("update %s: sending its stored answer again in %g s", update.update_id, self.resend_after)
-        self.resends[update.update_id] = asyncio.create_task(self._resend(update), name=f"resend:{update.update_id}")
-
-    async def _resend(self, update: Update) -> None:
-        try:
-            await asyncio.sleep(self.resend_after)
-        finally:
-            self.resends.pop(update.update_id, None)
-        if not self.turns.closing:
-            self._start(update)
 
     async def _mark_handled(self, update_id: int) -> None:
         self.handled += 1
@@ -247,10 +231,8 @@ class Dispatcher:
 
     async def finish(self, grace_seconds: float) -> None:
         """Let running handlers end within `grace_seconds`; then cancel the turns left and wait for them. Answers
-        waiting to be sent again stay unhandled in the journal: the next start sends them."""
+        Telegram has not taken yet stay unhandled in the journal: the next start sends them."""
         self.turns.closing = True
-        for task in list(self.resends.values()):
-            task.cancel()
         await _wait(list(self.tasks.values()), grace_seconds)
         if self.tasks:
             stopped = self.turns.cancel_all()
