@@ -13,13 +13,18 @@ named after it, on the fake Bot API server (tests/fakes/telegram_server.py) or t
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import time
+from contextlib import closing
+from pathlib import Path
 
 from bot.telegram.i18n import text
 from bot.telegram.replies import split_message
 from tests.fakes.telegram_bot import (ADMIN, ALICE, BOB, CAROL, STRANGERS, TEAM, final, private_chat, start_bot,
                                       telegram_server)
 from tests.fakes.telegram_server import User
+from tests.test_faults_process import BotProcess, answers_by_question, database_state
 from tests.test_telegram_limits import LONG_ANSWER
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
@@ -67,6 +72,61 @@ async def test_probe_3_an_answer_telegram_refused_for_a_while_arrives_without_a_
     assert len(bot.llm.requests) == 2
     assert await bot.query("SELECT question, answer FROM turns ORDER BY id") == [
         ("first question", "first answer"), ("second question", "second answer")]
+
+
+# --- 4. kill -9 right after answers are sent ---------------------------------------------------------------------
+
+def delivered_pieces(path: Path) -> int:
+    """How many answer pieces the database lists as delivered (0 while there is no such list)."""
+    try:
+        with closing(database_state(path)) as conn:
+            return conn.execute("SELECT count(*) FROM answer_deliveries").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+async def test_probe_4_a_process_killed_right_after_its_answers_went_out_sends_none_of_them_again(telegram_server,
+                                                                                                 tmp_path):
+    users = [User(6001 + index, f"User{index}", "en") for index in range(6)]
+    for user in users:
+        telegram_server.send_text(private_chat(user), user, f"{user.first_name}'s question")
+    # Each turn shows a progress message; deleting it, right after the answer went out, hangs: so the kill lands
+    # after every answer was sent and before any update is marked handled, on a machine however slow.
+    telegram_server.fail("deleteMessage", status=200, delay=60, times=len(users))
+    settings = {"PROGRESS_AFTER_SECONDS": "0.1", "ALLOWED_USER_IDS": ",".join(str(user.id) for user in users)}
+    first = BotProcess(telegram_server, tmp_path, "first run", settings)
+    try:
+        await telegram_server.wait_for(lambda: len(answers_by_question(telegram_server)) == len(users), 60,
+                                       "every answer to go out")
+        # The records are written the moment Telegram's replies arrive; give them that moment, not more.
+        deadline = time.monotonic() + 2
+        while delivered_pieces(tmp_path / "bot.sqlite3") < len(users) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        first.kill()
+    with closing(database_state(tmp_path / "bot.sqlite3")) as conn:
+        assert conn.execute("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL").fetchone() == (6,)
+
+    second = BotProcess(telegram_server, tmp_path, "second run", settings)
+    try:
+        await telegram_server.wait_for(lambda: not unhandled(tmp_path / "bot.sqlite3"), 60,
+                                       "the second run to handle what the first left")
+        await telegram_server.settle(0.5)
+    finally:
+        assert second.terminate() == 0, second.output()
+    assert "Traceback" not in first.output() + second.output()
+
+    answers = answers_by_question(telegram_server)
+    assert len(answers) == len(users)
+    assert {key: texts for key, texts in answers.items() if len(texts) != 1} == {}  # nobody got theirs twice
+    assert all(texts[0].startswith("first run") for texts in answers.values())
+    assert all(telegram_server.visible_messages(user.id) == answers[(user.id, 1)] for user in users)
+
+
+def unhandled(path: Path) -> int:
+    """Updates the journal holds as not handled yet."""
+    with closing(database_state(path)) as conn:
+        return conn.execute("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL").fetchone()[0]
 
 
 # --- 7. an admin command from a chat that is not allowed -------------------------------------------------------
