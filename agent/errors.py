@@ -1,18 +1,25 @@
 """Errors raised by the agent and its model backends (the whole tree, with its root, is drawn in db/errors.py).
 
     AgentError                 base of everything below
-    └── LLMError               a backend could not produce a completion
-        ├── ModelLoadError     the model or tokenizer cannot be loaded (bad path, no chat template)
-        ├── LLMTimeout         the backend did not answer in time
-        ├── LLMCancelled       the request was cancelled (/cancel, or the turn timed out)
-        └── LLMOutOfMemory     the device ran out of memory for this request
+    ├── LLMError               a backend could not produce a completion
+    │   ├── ModelLoadError     the model or tokenizer cannot be loaded (bad path, no chat template)
+    │   ├── LLMTimeout         the backend did not answer in time
+    │   ├── LLMCancelled       the request was cancelled (/cancel, or the turn timed out)
+    │   └── LLMOutOfMemory     the device ran out of memory for this request
+    └── TurnNotSaved           the turn has its answer, but the database was busy when it was to be stored
+                               (also a DatabaseBusy): it carries the result and a way to store it later
 
 Errors the *model* causes (bad format, unknown tool, bad arguments) are not exceptions: they go back
 to the model as observations. These exceptions are for failures the model cannot fix.
 """
 
 
-from db.errors import BotError
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from db.errors import BotError, DatabaseBusy
+
+if TYPE_CHECKING:
+    from agent.steps import TurnResult
 
 
 class AgentError(BotError):
@@ -37,3 +44,14 @@ class LLMCancelled(LLMError):
 
 class LLMOutOfMemory(LLMError):
     """The device ran out of memory while generating."""
+
+
+class TurnNotSaved(AgentError, DatabaseBusy):
+    """The turn ended with `result`, but another process held the database past the busy timeout when it was to
+    be stored. Nothing of it is stored yet; `save()` stores it (turn, steps and history, in one transaction) and
+    returns its id, so the caller can deliver the answer first and store it once the database frees."""
+
+    def __init__(self, message: str, result: "TurnResult", save: Callable[[], Awaitable[int]]):
+        super().__init__(message)
+        self.result = result
+        self.save = save

@@ -24,6 +24,7 @@ from bot.telegram.replies import split_message
 from tests.fakes.telegram_bot import (ADMIN, ALICE, BOB, CAROL, STRANGERS, TEAM, final, private_chat, start_bot,
                                       telegram_server)
 from tests.fakes.telegram_server import User
+from tests.test_database_lock import hold_lock
 from tests.test_faults_process import BotProcess, answers_by_question, database_state
 from tests.test_telegram_limits import LONG_ANSWER
 
@@ -127,6 +128,28 @@ def unhandled(path: Path) -> int:
     """Updates the journal holds as not handled yet."""
     with closing(database_state(path)) as conn:
         return conn.execute("SELECT count(*) FROM telegram_updates WHERE handled_at IS NULL").fetchone()[0]
+
+
+# --- 5. the database held by another writer past the busy timeout ------------------------------------------------
+
+async def test_probe_5_an_answer_whose_save_meets_a_long_lock_is_delivered_and_stored_once_the_lock_frees(
+        start_bot, telegram_server):
+    # The probe's 15 s lock against the default 10 s busy timeout, scaled down: 2 s against 0.3 s.
+    bot = await start_bot([final("答案"), final("又好了")], delay=0.5, database_busy_timeout_seconds=0.3)
+    telegram_server.send_text(CHAT, ALICE, "问题")
+    await telegram_server.wait_for(lambda: bot.llm.requests, message="the model to start")
+    holder = hold_lock(bot.settings.storage.database_path, 2.0)  # taken while the model works: the save meets it
+
+    assert await bot.answers(ALICE.id, 1, timeout=10) == ["答案"]  # not "数据库正忙…没能保存"
+    assert holder.poll() is None  # delivered while the other process still held the database
+    await asyncio.to_thread(holder.wait, 10)
+    await bot.all_handled(timeout=10)
+    assert await bot.query("SELECT question, answer, status FROM turns") == [("问题", "答案", "answered")]
+    assert await bot.ask(CHAT, ALICE, "再试") == "又好了"
+    seen = bot.llm.requests[-1].text
+    assert "问题" in seen and "答案" in seen.split("再试")[0]  # the stored turn is in the next one's history
+    await telegram_server.settle()
+    assert telegram_server.sent_texts(ALICE.id) == ["答案", "又好了"]
 
 
 # --- 7. an admin command from a chat that is not allowed -------------------------------------------------------

@@ -14,12 +14,12 @@ import logging
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Awaitable
+from typing import Awaitable, Callable
 
 from telegram import Message, MessageEntity, Update, User
 from telegram.error import BadRequest, NetworkError, RetryAfter
 
-from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.errors import LLMCancelled, LLMError, LLMTimeout, TurnNotSaved
 from agent.events import AnswerText, EventSink, ToolStarted
 from agent.memory import Session
 from bot.program.config import Settings
@@ -32,6 +32,8 @@ from bot.telegram.turns import BY_SHUTDOWN, BY_USER, TurnSlot
 from db import DatabaseBusy
 
 log = logging.getLogger(__name__)
+
+SAVE_RETRY_SECONDS = 1.0  # between two tries to store a turn whose first save met a busy database
 
 
 async def answer_question(update: Update, context: BotContext, question: str) -> None:
@@ -107,10 +109,11 @@ def question_problem(question: str, settings: Settings, lang: str) -> str | None
 
 @dataclass(frozen=True)
 class TurnAnswer:
-    """What a turn delivers: the text, and what an earlier run already did with it."""
+    """What a turn delivers: the text, what an earlier run already did with it, and what is still to store."""
 
     text: str
     already: int = 0  # leading pieces an earlier run delivered (an answer from the store, after a restart)
+    save: Callable[[], Awaitable[int]] | None = None  # stores the turn when its first save met a busy database
 
 
 async def stored_reply(context: BotContext, slot: TurnSlot) -> TurnAnswer | None:
@@ -145,6 +148,8 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
             await stream.stop(text("answer_stopped", lang))
         else:
             await deliver(context, stream, answer, slot)
+            if answer.save is not None:
+                await save_later(context, answer.save, slot)
     finally:
         await feedback.remove()  # the answer (or the apology of the error handler) replaces it
 
@@ -222,30 +227,51 @@ async def until_stopped(work: Awaitable[object], slot: TurnSlot) -> bool:
 async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
                        on_event: EventSink) -> TurnAnswer | None:
     """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
-    answer = await _agent_text(context, session, question, slot, lang, on_event)
-    return None if answer is None else TurnAnswer(answer)
-
-
-async def _agent_text(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
-                      on_event: EventSink) -> str | None:
     try:
         result = await context.services.agent.run(session, question, user_id=slot.user_id,
                                                   source_key=slot.source_key,
                                                   on_event=on_event, cancel=slot.cancel)
     except LLMTimeout:
-        return text("timeout", lang)
+        return TurnAnswer(text("timeout", lang))
     except LLMCancelled:
         # /cancel already said "stopped"; a turn stopped by shutdown stays unhandled in the update journal and is
         # answered after the restart (bot/telegram/intake.py).
-        return None if slot.cancelled_by in (BY_USER, BY_SHUTDOWN) else text("timeout", lang)
+        return None if slot.cancelled_by in (BY_USER, BY_SHUTDOWN) else TurnAnswer(text("timeout", lang))
     except LLMError as error:
         log.warning("model failed in %s: %s", session.id, error)
-        return text("model_error", lang)
+        return TurnAnswer(text("model_error", lang))
+    except TurnNotSaved as unsaved:
+        # The answer exists; only storing it met another process's lock. The user gets it now; it is stored
+        # once the database frees (`save_later`).
+        log.warning("database busy in %s as the turn was stored (%s): delivering the answer first", session.id,
+                    unsaved)
+        return TurnAnswer(unsaved.result.answer, save=unsaved.save)
     except DatabaseBusy as error:
-        # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS: nothing of the turn was stored.
+        # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS before the turn had an answer.
         log.warning("database busy in %s: %s", session.id, error)
-        return text("busy", lang)
-    return result.answer
+        return TurnAnswer(text("busy", lang))
+    return TurnAnswer(result.answer)
+
+
+async def save_later(context: BotContext, save: Callable[[], Awaitable[int]], slot: TurnSlot) -> None:
+    """Store a delivered turn whose first save met a busy database: try again, a second apart (each try waits
+    DATABASE_BUSY_TIMEOUT_SECONDS for the lock), for up to ANSWER_SAVE_WAIT_SECONDS. The turn keeps its place
+    meanwhile, so the chat's next question sees it in its history. Giving up is logged: the answer was delivered
+    but is missing from the history (and a restart before its update is marked handled would ask again)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + context.settings.turns.answer_save_wait_seconds
+    while True:
+        try:
+            await save()
+            log.info("update %s: its turn is stored now that the database is free", slot.update_id)
+            return
+        except DatabaseBusy as error:
+            if loop.time() + SAVE_RETRY_SECONDS > deadline:
+                log.error("update %s: its answer was delivered but could not be stored; the database stayed busy "
+                          "for %g s (%s)", slot.update_id, context.settings.turns.answer_save_wait_seconds, error)
+                return
+        if not await until_stopped(asyncio.sleep(SAVE_RETRY_SECONDS), slot):
+            return
 
 
 def is_blank(question: str) -> bool:
