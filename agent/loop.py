@@ -27,7 +27,7 @@ from agent.prompts import REPEATED_CALL_NOTE, TOOL_FIRST_PROBLEM, format_reminde
 from agent.repetition import collapse_loops
 from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
 from agent.unicode import clean_text
-from db import DatabaseBusy
+from db import DatabaseBusy, DatabaseGone
 from tools.registry import Tool, ToolRegistry, tools_for_turn
 from tools.settings import ToolSettings
 
@@ -262,9 +262,11 @@ class Agent:
         result = state.result(f"({type(error).__name__}: {error})", status, started)
         try:
             await self.memory.save_turn(session, replace(record, result=result, source_key=None), to_history=False)
-        except Exception:
+        except Exception as failure:
             if self.memory.db.closed:  # shutdown closed it while this turn wound down; its update is kept unhandled
                 log.info("the failed turn was not stored: the database is closed (shutting down)")
+            elif isinstance(failure, DatabaseGone):  # the bot is stopping for it (db/file_watch.py)
+                log.info("the failed turn was not stored: %s", failure)
             else:
                 log.warning("could not store the failed turn", exc_info=True)
 

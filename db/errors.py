@@ -13,7 +13,8 @@ and the Telegram handlers turn the ones a turn can meet into a short apology.
     │   ├── DatabaseBusy             another process held the write lock past the busy timeout
     │   │                            (also a sqlite3.OperationalError)
     │   ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
-    │   └── DatabaseGone             the file was deleted or replaced while the process had it open
+    │   ├── DatabaseGone             the file was deleted or replaced while the process had it open
+    │   └── DatabaseMissing          no database where its marker says one was created (db/marker.py)
     ├── ToolError                    a tool refuses its input; the model reads it (tools/errors.py)
     │   ├── UnknownTool              no tool of that name (also a KeyError)
     │   ├── CalculationError
@@ -66,3 +67,7 @@ def is_busy(error: sqlite3.Error) -> bool:
 
 class DatabaseInUse(DatabaseError):
     """Another process holds the database's instance lock, and did not let go within the wait."""
+
+
+class DatabaseMissing(DatabaseError):
+    """There is no database file, but its marker shows one existed: it was lost, and is not silently replaced."""

@@ -14,21 +14,30 @@ named after it, on the fake Bot API server (tests/fakes/telegram_server.py) or t
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from contextlib import closing
 from pathlib import Path
 
+import pytest
+
 from bot.telegram.i18n import text
 from bot.telegram.replies import split_message
-from tests.fakes.telegram_bot import (ADMIN, ALICE, BOB, CAROL, STRANGERS, TEAM, final, private_chat, start_bot,
-                                      telegram_server)
+from db import DatabaseGone, DatabaseMissing
+from tests.fakes.telegram_bot import (ADMIN, ALICE, BOB, CAROL, STRANGERS, TEAM, final, private_chat, running_bot,
+                                      start_bot, telegram_server)
 from tests.fakes.telegram_server import User
 from tests.test_database_lock import hold_lock
 from tests.test_faults_process import BotProcess, answers_by_question, database_state
+from tests.test_holes_storage import delete_database, stopped_with
 from tests.test_telegram_limits import LONG_ANSWER
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CHAT = private_chat(ALICE)
 
@@ -150,6 +159,56 @@ async def test_probe_5_an_answer_whose_save_meets_a_long_lock_is_delivered_and_s
     assert "问题" in seen and "答案" in seen.split("再试")[0]  # the stored turn is in the next one's history
     await telegram_server.settle()
     assert telegram_server.sent_texts(ALICE.id) == ["答案", "又好了"]
+
+
+# --- 6. the database deleted while running ----------------------------------------------------------------------
+
+def qwenbot(server, folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """The real `qwenbot` command on the database in `folder`, against the fake Bot API server."""
+    env = {**os.environ, "TELEGRAM_BOT_TOKEN": server.token, "TELEGRAM_BASE_URL": server.base_url,
+           "LLM_BACKEND": "scripted", "SCRIPTED_REPLIES_PATH": str(folder / "absent.json"),
+           "DATABASE_PATH": str(folder / "bot.sqlite3"), "TOKENIZER_VOCAB_PATH": str(folder / "absent.tiktoken"),
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "bot.program.cli", *args], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+async def test_probe_6_a_database_deleted_while_running_tells_questions_in_flight_and_is_not_made_anew_silently(
+        telegram_server, tmp_path):
+    bot = await running_bot(telegram_server, tmp_path, [final("never sent")] * 2, delay=60,
+                            database_check_seconds=0.2)
+    admin = private_chat(ADMIN)
+    try:
+        assert await bot.ask(admin, ADMIN, f"/deny {ALICE.id}") == f"✅ user {ALICE.id} is denied."
+        telegram_server.send_text(admin, ADMIN, "a slow question")  # running when the file goes
+        telegram_server.send_text(admin, ADMIN, "and another")  # waiting behind it
+        await telegram_server.wait_for(lambda: bot.llm.requests, 10, "the model to start")
+        delete_database(bot.settings.storage.database_path)
+        assert isinstance(await stopped_with(bot), DatabaseGone)
+    finally:
+        if not bot.task.done():
+            await bot.stop()
+    gone = text("database_gone", "en")
+    assert telegram_server.sent_texts(ADMIN.id).count(gone) == 2  # each question in flight was told
+
+    path = bot.settings.storage.database_path
+    with pytest.raises(DatabaseMissing, match="--new-database"):
+        await running_bot(telegram_server, tmp_path)  # the restart refuses: the /deny is not undone silently
+    assert not path.exists()
+    run = await asyncio.to_thread(qwenbot, telegram_server, tmp_path, "run")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith(f"qwenbot: the database {path} is missing, but ")
+    migrate = await asyncio.to_thread(qwenbot, telegram_server, tmp_path, "migrate")
+    assert migrate.returncode == 2 and not path.exists()
+
+    migrate = await asyncio.to_thread(qwenbot, telegram_server, tmp_path, "migrate", "--new-database")
+    assert migrate.returncode == 0, migrate.stderr
+    assert path.exists()  # made anew, on purpose
+    fresh = await running_bot(telegram_server, tmp_path, [final("hello again")])
+    try:
+        assert await fresh.ask(private_chat(ALICE), ALICE, "hi") == "hello again"  # the new database's own access
+    finally:
+        await fresh.stop()
 
 
 # --- 7. an admin command from a chat that is not allowed -------------------------------------------------------

@@ -99,6 +99,7 @@ async def test_a_turn_stored_before_the_upgrade_is_not_asked_again(telegram_serv
         # What 0009 makes of a turn stored, and its update not yet marked handled, by the previous version.
         conn.execute("UPDATE telegram_updates SET source = '', handled_at = NULL")
         conn.execute("UPDATE turns SET source_key = 'tg:update:1'")
+        conn.execute("DELETE FROM answer_deliveries")  # that version recorded no deliveries (0015)
 
     second = await running_bot(telegram_server, tmp_path)
     try:

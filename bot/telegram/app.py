@@ -28,7 +28,8 @@ from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatche
 from bot.telegram.ratelimit import BotRateLimiter
 from bot.telegram.replies import quietly
 from bot.telegram.webhook import WebhookServer
-from db import InstanceLock
+from bot.telegram.turns import BY_DATABASE_GONE
+from db import DatabaseGone, InstanceLock
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,11 @@ ADMIN_COMMANDS = [
 
 
 def build_application(settings: Settings, *, llm: LLM | None = None,
-                      services_factory: ServicesFactory | None = None) -> Application:
-    """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`)."""
+                      services_factory: ServicesFactory | None = None, new_database: bool = False) -> Application:
+    """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`).
+    `new_database`: make a new database where one was lost (`qwenbot run --new-database`, db/marker.py)."""
     async def start(settings: Settings) -> Services:
-        return await start_services(settings, llm=llm)
+        return await start_services(settings, llm=llm, new_database=new_database)
 
     application = (
         ApplicationBuilder()
@@ -199,6 +201,9 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
         stopping.cancel()
         watch.cancel()
         await intake.close()
+        if watch.done() and not watch.cancelled() and isinstance(watch.exception(), DatabaseGone):
+            # Nothing can be stored any more: stop every turn now, and each tells its asker (bot/telegram/questions.py).
+            application.bot_data[TURNS].cancel_all(BY_DATABASE_GONE)
         await dispatcher.finish(settings.turns.shutdown_grace_seconds)
     for task in (watch, intake.task):
         if task.done() and not task.cancelled() and task.exception():
@@ -234,17 +239,17 @@ async def _start_intake(application: Application, settings: Settings, dispatcher
     return _Intake(asyncio.create_task(server.run(), name="webhook"))
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, *, new_database: bool = False) -> None:
     """`qwenbot run`: serve until SIGINT or SIGTERM."""
-    asyncio.run(_run_until_signal(settings))
+    asyncio.run(_run_until_signal(settings, new_database))
 
 
-async def _run_until_signal(settings: Settings) -> None:
+async def _run_until_signal(settings: Settings, new_database: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     mode = f"webhook at {settings.webhook.webhook_url}" if settings.webhook.webhook_url else "long polling"
     log.info("starting the bot (%s)", mode)
-    await serve(build_application(settings), settings, stop)
+    await serve(build_application(settings, new_database=new_database), settings, stop)
     log.info("stopped")

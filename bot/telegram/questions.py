@@ -28,7 +28,7 @@ from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
 from bot.telegram.replies import TurnFeedback, quietly, split_message
 from bot.telegram.streaming import AnswerStream, StreamTarget
-from bot.telegram.turns import BY_SHUTDOWN, BY_USER, TurnSlot
+from bot.telegram.turns import BY_DATABASE_GONE, BY_SHUTDOWN, BY_USER, TurnSlot
 from db import DatabaseBusy
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,15 @@ async def take_turn(update: Update, context: BotContext, question: str, slot: Tu
     message, user, lang = update.effective_message, update.effective_user, user_language(update)
     if slot.behind_own_turn and context.turns.tell_once(user.id, "queued"):
         await quietly(reply(message, text("queued", lang)), "the queued notice")
+    await _take_turn(update, context, question, slot)
+    if slot.cancelled_by == BY_DATABASE_GONE and not slot.answered:
+        # The bot stops: its journal went with the database, so no restart will answer this question either.
+        # (A turn that met the loss itself raises DatabaseGone, and the error handler says the same.)
+        await quietly(reply(message, text("database_gone", lang)), "the stopping notice")
+
+
+async def _take_turn(update: Update, context: BotContext, question: str, slot: TurnSlot) -> None:
+    message, user, lang = update.effective_message, update.effective_user, user_language(update)
     if not await context.turns.wait_turn(slot):
         return
     if not await may_talk(update, context):
@@ -236,7 +245,8 @@ async def agent_answer(context: BotContext, session: Session, question: str, slo
     except LLMCancelled:
         # /cancel already said "stopped"; a turn stopped by shutdown stays unhandled in the update journal and is
         # answered after the restart (bot/telegram/intake.py).
-        return None if slot.cancelled_by in (BY_USER, BY_SHUTDOWN) else TurnAnswer(text("timeout", lang))
+        stopped = slot.cancelled_by in (BY_USER, BY_SHUTDOWN, BY_DATABASE_GONE)
+        return None if stopped else TurnAnswer(text("timeout", lang))
     except LLMError as error:
         log.warning("model failed in %s: %s", session.id, error)
         return TurnAnswer(text("model_error", lang))
