@@ -42,6 +42,66 @@ ROOT = Path(__file__).resolve().parent.parent
 CHAT = private_chat(ALICE)
 
 
+# --- 1. update ids restarting at the same URL -------------------------------------------------------------------
+
+def answers(server) -> list[str]:
+    """What Alice got, without the notice that a question waits behind her previous one."""
+    return [said for said in server.sent_texts(ALICE.id) if said != text("queued", "zh")]
+
+
+async def test_probe_1_a_bot_api_server_restarted_at_the_same_url_loses_and_doubles_nothing_while_the_bot_runs(
+        telegram_server, tmp_path):
+    bot = await running_bot(telegram_server, tmp_path, [final(f"answer {n}") for n in range(12)])
+    server = telegram_server
+    try:
+        for n in range(5):
+            assert await bot.ask(CHAT, ALICE, f"before the restart {n}") == f"answer {n}"
+        await bot.all_handled()
+        server = bot.server = telegram_server.restarted()  # the same URL; its update ids start at 1 again
+        for n in range(7):
+            server.send_text(CHAT, ALICE, f"after the restart {n}")
+        await server.wait_for(lambda: len(answers(server)) >= 7, 30, "seven answers")
+        await bot.all_handled()
+        await server.settle()
+        server.redeliver(7)  # and Telegram's own redelivery is still recognised
+        await server.settle()
+    finally:
+        await bot.stop()
+        server.stop()
+    assert answers(server) == [f"answer {5 + n}" for n in range(7)]  # none lost, none twice
+    assert await bot.query("SELECT question, answer FROM turns ORDER BY id") == \
+        [(f"before the restart {n}", f"answer {n}") for n in range(5)] + \
+        [(f"after the restart {n}", f"answer {5 + n}") for n in range(7)]
+
+
+@pytest.mark.parametrize("pruned", [False, True], ids=["at-once", "days-later"])
+async def test_probe_1_a_bot_api_server_restarted_with_the_bot_loses_nothing_and_reuses_no_answer(
+        telegram_server, tmp_path, pruned):
+    first = await running_bot(telegram_server, tmp_path, [final(f"answer {n}") for n in range(5)])
+    for n in range(5):
+        assert await first.ask(CHAT, ALICE, f"before the restart {n}") == f"answer {n}"
+    await first.stop()
+    if pruned:  # days later, the journal has forgotten those updates; their turns stay (under ids 1 to 5)
+        assert len(await first.query("DELETE FROM telegram_updates RETURNING update_id")) == 5
+    server = telegram_server.restarted()
+    for n in range(7):
+        server.send_text(CHAT, ALICE, f"after the restart {n}")
+    second = await running_bot(server, tmp_path, [final(f"new answer {n}") for n in range(7)])
+    try:
+        await server.wait_for(lambda: len(answers(server)) >= 7, 30, "seven answers")
+        await second.all_handled()
+        await server.settle()
+    finally:
+        await second.stop()
+        server.stop()
+    # Each asked the model: none answered from the turn an earlier update of the same id asked for.
+    assert answers(server) == [f"new answer {n}" for n in range(7)]
+    assert len(second.llm.requests) == 7
+    source = f"{server.bot.id}@{server.base_url}"
+    assert await second.query("SELECT source, count(*) FROM telegram_updates GROUP BY source ORDER BY source") == \
+        ([] if pruned else [(source, 5)]) + [(f"{source}#2", 7)]
+
+
 # --- 2. every edit of a streamed group answer refused --------------------------------------------------------
 
 async def test_probe_2_a_streamed_group_answer_whose_edits_are_all_refused_ends_as_exactly_its_pieces(

@@ -75,9 +75,10 @@ class TurnScheduler:
         self._pending: dict[int, int] = {}  # user → slots waiting or running
         self._told: dict[int, set[str]] = {}  # user → notices given during the current wait
         self.closing = False
-        # Updates whose turn shutdown stopped before its answer was delivered: the journal keeps them unhandled, to
-        # be handled again after the restart. Only this class writes or reads it.
-        self._kept: set[int] = set()
+        # Updates whose turn shutdown stopped before its answer was delivered, by journal key (by update id for a
+        # question that came through no journal): the journal keeps them unhandled, to be handled again after the
+        # restart. Only this class writes or reads it.
+        self._kept: set[str | int] = set()
         # The journal key of each update being handled, attached by the dispatcher (bot/telegram/intake.py) as it
         # hands the update to its handler: a slot reserved for that update takes it as its `source_key`.
         self._journal_keys: dict[int, str] = {}
@@ -153,17 +154,17 @@ class TurnScheduler:
 
     def keep_for_restart(self, slot: TurnSlot) -> None:
         """Leave the slot's update unhandled in the journal, to be handled again after a restart."""
-        if slot.update_id is not None:
-            self._kept.add(slot.update_id)
+        if slot.source_key is not None or slot.update_id is not None:
+            self._kept.add(slot.source_key or slot.update_id)
 
-    def kept_for_restart(self, update_id: int) -> bool:
-        """Whether the update is left to be handled again after a restart."""
-        return update_id in self._kept
+    def kept_for_restart(self, key: str | int) -> bool:
+        """Whether the update (its journal key, or its id) is left to be handled again after a restart."""
+        return key in self._kept
 
-    def take_kept(self, update_id: int) -> bool:
-        """Whether the update is left to be handled again; forgets it (its handler ended)."""
-        if update_id in self._kept:
-            self._kept.discard(update_id)
+    def take_kept(self, key: str | int) -> bool:
+        """Whether the update (its journal key) is left to be handled again; forgets it (its handler ended)."""
+        if key in self._kept:
+            self._kept.discard(key)
             return True
         return False
 
