@@ -14,23 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from agent.grammar import Grammar, GrammarLimits, native_grammar, react_final_grammar, react_step_grammar
-from agent.llm.base import Completion, Message
+from agent.llm.base import Completion, Message, ModelRequest
 from agent.native import native_answer_so_far, parse_native, strip_thinking
 from agent.prompts import (REACT_STOP, REACT_STOPS, STEP_LIMIT_NOTE, SYSTEM_MESSAGE, react_instructions, react_prompt,
                            react_question)
 from agent.react import final_answer_so_far, parse_react, plain_answer_so_far, segments
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
 from tools.registry import Tool
-
-
-@dataclass(frozen=True)
-class ModelRequest:
-    """What the next model call gets."""
-
-    messages: list[Message]
-    stop: tuple[str, ...] = ()
-    tools: list[dict[str, Any]] | None = None  # OpenAI-style specs (native mode)
-    grammar: Grammar | None = None  # what the reply must look like; None: unconstrained
 
 
 @dataclass(frozen=True)

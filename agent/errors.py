@@ -1,4 +1,4 @@
-"""Errors raised by the agent and its model backends (the whole tree, with its root, is drawn in db/errors.py).
+"""Errors raised by the agent and its model backends (the whole tree, with its root, is drawn in core/errors.py).
 
     AgentError                 base of everything below
     ├── LLMError               a backend could not produce a completion
@@ -6,17 +6,19 @@
     │   ├── LLMTimeout         the backend did not answer in time
     │   ├── LLMCancelled       the request was cancelled (/cancel, or the turn timed out)
     │   └── LLMOutOfMemory     the device ran out of memory for this request
-    └── TurnNotSaved           the turn has its answer, but the database was busy when it was to be stored
-                               (also a DatabaseBusy): it carries the result and a way to store it later
+    └── TurnNotSaved           the turn has its answer, but another process held the database when it was to be
+                               stored (also a sqlite3.OperationalError, as db's DatabaseBusy is): it carries the
+                               result and a way to store it later
 
 Errors the *model* causes (bad format, unknown tool, bad arguments) are not exceptions: they go back
 to the model as observations. These exceptions are for failures the model cannot fix.
 """
 
 
+import sqlite3
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from db.errors import BotError, DatabaseBusy
+from core.errors import BotError
 
 if TYPE_CHECKING:
     from agent.steps import TurnResult
@@ -46,7 +48,7 @@ class LLMOutOfMemory(LLMError):
     """The device ran out of memory while generating."""
 
 
-class TurnNotSaved(AgentError, DatabaseBusy):
+class TurnNotSaved(AgentError, sqlite3.OperationalError):
     """The turn ended with `result`, but another process held the database past the busy timeout when it was to
     be stored. Nothing of it is stored yet; `save()` stores it (turn, steps and history, in one transaction) and
     returns its id, so the caller can deliver the answer first and store it once the database frees."""

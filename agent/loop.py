@@ -214,10 +214,8 @@ class Agent:
             raise LLMCancelled("the turn was cancelled")
         request = conversation.request()
         state.emit(ModelCall(state.model_calls + 1))
-        completion = await self.llm.complete(request.messages, stop=request.stop,
-                                             max_new_tokens=self.limits.max_new_tokens, tools=request.tools,
-                                             cancel=state.cancel, on_text=_answer_stream(conversation, state),
-                                             grammar=request.grammar)
+        completion = await self.llm.complete(replace(request, max_new_tokens=self.limits.max_new_tokens,
+                                                     cancel=state.cancel, on_text=_answer_stream(conversation, state)))
         state.model_calls += 1
         state.prompt_tokens += completion.prompt_tokens
         state.completion_tokens += completion.completion_tokens

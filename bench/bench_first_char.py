@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.events import AnswerText, TurnEvent  # noqa: E402
 from agent.llm.base import LLM  # noqa: E402
-from agent.llm.text_stream import TextStream  # noqa: E402
+from agent.llm.engine.text_stream import TextStream  # noqa: E402
 from agent.loop import Session  # noqa: E402
 from bot.program.config import Settings  # noqa: E402
 from bot.program.services import Services, build_llm, start_services  # noqa: E402

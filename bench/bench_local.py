@@ -167,7 +167,7 @@ def startup_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 ASK_START = "qwenbot ask: second start"
-LOADED_LINE = "agent.llm.local: loaded "  # the log line load_model writes once the model can answer
+LOADED_LINE = "agent.llm.engine.loading: loaded "  # the log line load_model writes once the model can answer
 
 
 def ask_ready_seconds(args: argparse.Namespace, converted: str) -> float:

@@ -59,7 +59,7 @@ class Spec:
     server_pid: int = 0
     listen: bool = False  # the turns have a listener (as in Telegram and the terminal): every call streams
     grammar: bool = False  # every call decoded under the agent's step grammar (local only)
-    speculative_tokens: int = 5  # SPECULATIVE_TOKENS (local only; 0: no drafts)
+    speculative_tokens: int = 5  # SPECULATIVE_TOKENS (local only; 0: none)
     speculative_step_tokens: int = 8  # SPECULATIVE_STEP_TOKENS
 
 
@@ -133,14 +133,14 @@ def backend_for(spec: Spec, settings: Settings) -> LLM:
         return BenchOpenAI(base_url=spec.openai_url, model=spec.openai_model, limits=patient, max_retries=0,
                            count_tokens=qwen_token_counter(settings.model.tokenizer_vocab_path),
                            extra_body=ban_body(spec.ban_token_ids))
-    from agent.llm.drafts import DraftLimits
+    from agent.llm.engine.speculative import SpeculativeLimits
     from agent.llm.local import LocalLLM
 
     return LocalLLM(spec.model, device_map=spec.device_map, dtype=spec.dtype, batch_size=spec.batch_size,
                     batch_wait_ms=spec.batch_wait_ms, min_new_tokens=max(spec.new_tokens, spec.probe_tokens),
                     converted_dir=Path(spec.converted_dir) if spec.converted_dir else None,
                     prefix_cache_mb=spec.prefix_cache_mb,
-                    drafts=DraftLimits(settings.engine.speculative_tokens, settings.engine.speculative_step_tokens))
+                    speculative=SpeculativeLimits(settings.engine.speculative_tokens, settings.engine.speculative_step_tokens))
 
 
 class AgentContender:
@@ -210,10 +210,10 @@ class RawContender:
     through `generate_rows` in batches of BATCH_SIZE, starting from a prefix cache of the same budget."""
 
     def __init__(self, spec: Spec, services: Services, recorder: ScriptedReact, loaded: Any):
-        from agent.llm.prefix_cache import PrefixCache
+        from agent.llm.engine.prefix_store import PrefixStore
 
         self.spec, self.services, self.recorder, self.loaded = spec, services, recorder, loaded
-        self.store = PrefixCache(spec.prefix_cache_mb << 20)
+        self.store = PrefixStore(spec.prefix_cache_mb << 20)
         self.memory, self.gpu = PeakMemory(), GpuPeak()
 
     async def row(self, plan: RowPlan) -> dict[str, Any]:
@@ -233,8 +233,8 @@ class RawContender:
                 "peak_rss_mb": self.memory.peak_mb(), "gpu_peak_mb": self.gpu.peak_mb()}
 
     def _generate(self, rounds: list[list[Any]]) -> tuple[float, int, int, int]:
-        from agent.llm.batching import BatchRow, generate_rows, render_prompt
-        from agent.llm.drafts import DraftLimits
+        from agent.llm.engine.batch import BatchRow, generate_rows, render_prompt
+        from agent.llm.engine.speculative import SpeculativeLimits
 
         model, tokenizer = self.loaded.model, self.loaded.tokenizer
         seconds = 0.0
@@ -244,8 +244,8 @@ class RawContender:
                 batch = [BatchRow(render_prompt(tokenizer, messages, None), max_new_tokens=self.spec.new_tokens)
                          for messages in calls[start:start + self.spec.batch_size]]
                 began = time.perf_counter()
-                generate_rows(model, tokenizer, batch, self.spec.new_tokens, self.store,
-                              drafts=DraftLimits(self.spec.speculative_tokens, self.spec.speculative_step_tokens))
+                limits = SpeculativeLimits(self.spec.speculative_tokens, self.spec.speculative_step_tokens)
+                generate_rows(model, tokenizer, batch, self.spec.new_tokens, self.store, speculative=limits)
                 seconds += time.perf_counter() - began
                 rows.extend(batch)
         return (seconds, sum(len(r.new_ids) for r in rows), sum(len(r.prompt_ids) for r in rows),
@@ -273,7 +273,7 @@ def dtype_name(spec: Spec) -> str:
     """The dtype our backend runs in, as `load_model` chooses it."""
     import torch
 
-    from agent.llm.local import choose_dtype
+    from agent.llm.engine.loading import choose_dtype
 
     if spec.dtype == "int8":
         return "int8"
@@ -282,7 +282,7 @@ def dtype_name(spec: Spec) -> str:
 
 
 async def _open_raw(spec: Spec, settings: Settings) -> tuple[Any, dict[str, Any]]:
-    from agent.llm.local import load_model, resolve_model
+    from agent.llm.engine.loading import load_model, resolve_model
 
     started = time.perf_counter()
     loaded = await asyncio.to_thread(load_model, resolve_model(spec.model), spec.device_map, spec.dtype,

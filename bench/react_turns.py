@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from agent.conversations import start_conversation
 from agent.events import TurnEvent
 from agent.grammar import Grammar
-from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink
+from agent.llm.base import LLM, Completion, Message, ModelRequest
 from agent.loop import Agent, Session
 from tools.registry import Tool
 
@@ -116,16 +116,16 @@ class ScriptedReact(LLM):
         """The wrapped backend's count."""
         return self.inner.count_tokens(text)
 
-    async def complete(self, messages: Sequence[Message], *, stop: Sequence[str] = (), max_new_tokens: int = 512,
-                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None,
-                       on_text: TextSink | None = None, grammar: Grammar | None = None) -> Completion:
-        """Generate `new_tokens` real tokens for `messages` (no stop strings; streamed to `on_text` when a turn
-        listens; under the step grammar when the contender measures it), then answer with the script."""
+    async def complete(self, request: ModelRequest) -> Completion:
+        """Generate `new_tokens` real tokens for the request's messages (no stop strings; streamed to its `on_text`
+        when a turn listens; under the step grammar when the contender measures it), then answer with the script."""
+        messages, grammar = request.messages, request.grammar
         asked = self._question_of(messages)
         started = time.perf_counter()
         constraint = endless(grammar) if self.grammar and grammar is not None else None
-        real = await self.inner.complete(messages, max_new_tokens=self.new_tokens, tools=tools, cancel=cancel,
-                                         on_text=on_text, grammar=constraint)
+        real = await self.inner.complete(ModelRequest(messages, tools=request.tools, grammar=constraint,
+                                                      max_new_tokens=self.new_tokens, cancel=request.cancel,
+                                                      on_text=request.on_text))
         self.calls.append(CallRecord(asked.n, real.prompt_tokens, real.cached_tokens, real.completion_tokens,
                                      time.perf_counter() - started))
         self.prompts.append(list(messages))
@@ -155,11 +155,9 @@ class InstantLLM(LLM):
         """The given counter's count."""
         return self._count(text)
 
-    async def complete(self, messages: Sequence[Message], *, stop: Sequence[str] = (), max_new_tokens: int = 512,
-                       tools: Sequence[dict[str, Any]] | None = None, cancel: CancelToken | None = None,
-                       on_text: TextSink | None = None, grammar: Grammar | None = None) -> Completion:
+    async def complete(self, request: ModelRequest) -> Completion:
         """Nothing, now."""
-        return Completion("", 0, max_new_tokens)
+        return Completion("", 0, request.max_new_tokens)
 
 
 def endless(grammar: Grammar) -> Grammar:
@@ -239,7 +237,8 @@ async def probe_first_token(llm: LLM, background: Sequence[list[Message]], probe
     (a 1-token call) and time it until it is answered. Without streaming, a 1-token call's completion time is the
     time to its first token: its wait to join, its prompt, one step."""
     started, ended = time.perf_counter(), []
-    running = asyncio.ensure_future(asyncio.gather(*(llm.complete(m, max_new_tokens=tokens) for m in background)))
+    running = asyncio.ensure_future(asyncio.gather(*(llm.complete(ModelRequest(m, max_new_tokens=tokens))
+                                                     for m in background)))
     running.add_done_callback(lambda _: ended.append(time.perf_counter()))
     latencies, probe_tokens = [], []
     for messages in probes:
@@ -247,7 +246,7 @@ async def probe_first_token(llm: LLM, background: Sequence[list[Message]], probe
         if running.done():
             break
         sent = time.perf_counter()
-        answer = await llm.complete(messages, max_new_tokens=1)
+        answer = await llm.complete(ModelRequest(messages, max_new_tokens=1))
         latencies.append(time.perf_counter() - sent)
         probe_tokens.append(answer.completion_tokens)
     done = await running

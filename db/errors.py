@@ -1,43 +1,20 @@
-"""The errors a user or the command line may see, all under one root, and the database's own.
+"""The database's errors: the `DatabaseError` branch of the tree drawn in core/errors.py.
 
-The root lives here, at the bottom of the import order (bot → agent → tools → db), so every package can derive
-from it; each package's `errors.py` holds its own branch. `qwenbot` turns any `BotError` into one line on stderr,
-and the Telegram handlers turn the ones a turn can meet into a short apology.
-
-    BotError                         (db/errors.py)
-    ├── ConfigError                  a setting the bot cannot use; names the variable (bot/config.py)
-    ├── EvalFileError                a question file `qwenbot eval` cannot read; names the line (bot/evaluation.py)
-    ├── DatabaseError                the database cannot do what was asked (here)
-    │   ├── DatabaseOpenError        the path is a folder, not SQLite, or not writable (also an OSError)
-    │   ├── MigrationError           a migration file failed and was rolled back
-    │   ├── DatabaseBusy             another process held the write lock past the busy timeout
-    │   │                            (also a sqlite3.OperationalError)
-    │   ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
-    │   ├── DatabaseGone             the file was deleted or replaced while the process had it open
-    │   └── DatabaseMissing          no database where its marker says one was created (db/marker.py)
-    ├── ToolError                    a tool refuses its input; the model reads it (tools/errors.py)
-    │   ├── UnknownTool              no tool of that name (also a KeyError)
-    │   ├── CalculationError
-    │   ├── CourseError
-    │   └── McpToolError             an MCP tool answered with an error, or its server refused the call
-    │       └── ServerUnavailable    the MCP server cannot be reached or hung up
-    ├── ConfirmationNeeded           enabling a tool that may change data needs the admin's flag (tools/errors.py)
-    ├── McpConfigError               an MCP server definition cannot be used (tools/errors.py)
-    └── AgentError                   (agent/errors.py)
-        └── LLMError                 a backend could not produce a completion
-            ├── ModelLoadError
-            ├── LLMTimeout
-            ├── LLMCancelled
-            └── LLMOutOfMemory
+    DatabaseError                the database cannot do what was asked
+    ├── DatabaseOpenError        the path is a folder, not SQLite, or not writable (also an OSError)
+    ├── MigrationError           a migration file failed and was rolled back
+    ├── DatabaseBusy             another process held the write lock past the busy timeout (also a
+    │                            sqlite3.OperationalError)
+    ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
+    ├── DatabaseGone             the file was deleted or replaced while the process had it open
+    └── DatabaseMissing          no database where its marker says one was created (db/marker.py)
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-
-class BotError(Exception):
-    """Base of every error a user or the command line may see."""
+from core.errors import BotError
 
 
 class DatabaseError(BotError):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv with the bot and its test tools installed, and fetch the offline assets. Safe to run again: pip
-# runs only when something it depends on changed (pyproject.toml, this script, TORCH_SPEC, TORCH_INDEX_URL, the
-# Python version), which a stamp in .venv records. Fresh start: `rm -rf .venv`.
+# runs only when something it depends on changed (pyproject.toml, constraints.txt, this script, TORCH_SPEC,
+# TORCH_INDEX_URL, the Python version), which a stamp in .venv records. Fresh start: `rm -rf .venv`.
+# Every package but torch is installed at the version constraints.txt pins: what the test suite ran with.
 #   TORCH_SPEC       which torch to install (default torch==2.13.0: the CPU build where pip already holds it;
 #                    on Linux, PyPI's torch is the CUDA build, so on a GPU box `TORCH_SPEC=torch` is enough)
 #   TORCH_INDEX_URL  where torch comes from (e.g. PyTorch's CPU-only wheel index, to keep the CUDA libraries out)
@@ -15,18 +16,18 @@ STAMP=.venv/.setup-stamp
 wanted=$(.venv/bin/python - "$TORCH_SPEC" "$TORCH_INDEX_URL" <<'PY'
 import hashlib, sys
 digest = hashlib.sha256("\n".join([sys.version, *sys.argv[1:]]).encode())
-for name in ("pyproject.toml", "scripts/setup.sh"):
+for name in ("pyproject.toml", "constraints.txt", "scripts/setup.sh"):
     digest.update(open(name, "rb").read())
 print(digest.hexdigest())
 PY
 )
 if [ -x .venv/bin/qwenbot ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$wanted" ]; then
-  echo "setup: .venv is up to date (pyproject.toml, TORCH_SPEC and Python unchanged); skipping pip" >&2
+  echo "setup: .venv is up to date (pyproject.toml, constraints.txt, TORCH_SPEC and Python unchanged); skipping pip" >&2
 else
   rm -f "$STAMP"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"
-  .venv/bin/python -m pip install -q -e ".[test]"
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
   echo "$wanted" > "$STAMP"
 fi
 bash scripts/fetch_assets.sh

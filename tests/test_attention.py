@@ -1,4 +1,4 @@
-"""The CPU decode attention (agent/llm/attention.py): the same attention as sdpa's, so the same tokens."""
+"""The CPU decode attention (agent/llm/engine/attention.py): the same attention as sdpa's, so the same tokens."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from agent.llm import attention
-from agent.llm.attention import NAME, SHARED_COLUMNS, decode_attention, shared_prefix, use_decode_attention
+from agent.llm.engine import attention
+from agent.llm.engine.attention import NAME, SHARED_COLUMNS, decode_attention, shared_prefix, use_decode_attention
+from agent.llm.engine.internals import attention_implementation
 
 
 class Module:  # what an attention function reads of its layer
@@ -31,7 +32,7 @@ def random_attention(width: int = 1, batch: int = 4, heads: int = 6, kv_heads: i
     return query, key, value, mask
 
 
-@pytest.mark.parametrize("width", [1, 3])  # a decode step, and a step that verifies a draft of two tokens
+@pytest.mark.parametrize("width", [1, 3])  # a decode step, and a step that verifies two speculative tokens
 def test_a_short_query_attends_as_sdpa_does_padding_and_grouped_heads_included(width: int) -> None:
     query, key, value, mask = random_attention(width)
     ours, _ = decode_attention(Module(), query, key, value, mask, scaling=0.3)
@@ -137,7 +138,7 @@ def test_a_roomy_view_whose_spare_columns_hold_garbage_still_attends_to_its_fill
     query, key, value, mask = (tensor.to(dtype) if tensor.is_floating_point() else tensor
                                for tensor in random_attention())
     roomy_key, roomy_value = in_a_roomy_cache(key, 12), in_a_roomy_cache(value, 12)
-    roomy_key.as_strided((4, 2, 12, 8), roomy_key.stride())[:, :, 9:] = 1e4  # as if a rejected draft sat there
+    roomy_key.as_strided((4, 2, 12, 8), roomy_key.stride())[:, :, 9:] = 1e4  # as if a rejected guess sat there
     roomy_value.as_strided((4, 2, 12, 8), roomy_value.stride())[:, :, 9:] = 1e4
     ours, _ = decode_attention(Module(), query, roomy_key, roomy_value, mask)
     theirs, _ = sdpa_attention_forward(Module(), query.float(), key.float(), value.float(), mask)
@@ -210,7 +211,7 @@ def test_a_model_generates_the_same_tokens_with_the_decode_attention_as_with_sdp
     model = tiny_model()
     tokens_sdpa, logits_sdpa = greedy(model)
     use_decode_attention(model)
-    assert model.config._attn_implementation == NAME
+    assert attention_implementation(model) == NAME
     tokens, logits = greedy(model)
     assert tokens == tokens_sdpa
     assert torch.allclose(logits, logits_sdpa, atol=1e-5)

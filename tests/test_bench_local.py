@@ -66,7 +66,7 @@ def test_end_tokens_of_the_test_gguf_are_the_ones_llama_cpp_ends_on():
 
 def test_a_start_is_timed_to_the_line_that_says_the_model_is_loaded():
     """The second-start row times a real `qwenbot ask` to its "loaded" log line, and stops the process there."""
-    says_loaded = ["import sys, time; sys.stderr.write('x INFO agent.llm.local: loaded m in 0.1 s\\n'); "
+    says_loaded = ["import sys, time; sys.stderr.write('x INFO agent.llm.engine.loading: loaded m in 0.1 s\\n'); "
                    "sys.stderr.flush(); time.sleep(60)"]
     seconds = bench_local._seconds_to_line([sys.executable, "-c", *says_loaded], dict(os.environ),
                                            bench_local.LOADED_LINE)

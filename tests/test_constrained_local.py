@@ -18,6 +18,7 @@ import pytest_asyncio
 from agent.conversations import ReactConversation, TurnRules
 from agent.errors import LLMError
 from agent.grammar import Grammar, GrammarLimits
+from agent.llm.base import ModelRequest
 from agent.llm.local import LocalLLM
 from agent.react import parse_react
 from agent.steps import ToolRequest
@@ -62,9 +63,9 @@ async def in_one_batch(llm: LocalLLM, *calls: dict) -> list:
     A short request keeps the model thread busy first; everything submitted meanwhile is taken as the next batch.
     """
     with batch_sizes() as sizes:
-        busy = asyncio.create_task(llm.complete(FRANCE, max_new_tokens=2))
+        busy = asyncio.create_task(llm.complete(ModelRequest(FRANCE, max_new_tokens=2)))
         await asyncio.sleep(0.05)
-        results = await asyncio.gather(*(llm.complete(**call) for call in calls))
+        results = await asyncio.gather(*(llm.complete(ModelRequest(**call)) for call in calls))
         await busy
     assert len(calls) in sizes, sizes
     return results
@@ -78,7 +79,7 @@ async def test_a_constrained_step_parses_and_validates_beside_an_untouched_uncon
     request = conversation.request()
     constrained = dict(messages=request.messages, stop=request.stop, max_new_tokens=64, grammar=request.grammar)
     free = dict(messages=FRANCE, max_new_tokens=10)
-    free_alone = await llm.complete(**free)
+    free_alone = await llm.complete(ModelRequest(**free))
 
     step, free_batched = await in_one_batch(llm, constrained, free)
 
@@ -99,15 +100,15 @@ async def test_without_the_grammar_the_same_prompt_does_not_give_a_step(llm, too
     """Why the grammar is needed: alone, this model does not write a ReAct step for the article's question."""
     request = ReactConversation([], QUESTION, tools).request()
     assert request.grammar is None
-    reply = await llm.complete(request.messages, stop=request.stop, max_new_tokens=24)
+    reply = await llm.complete(ModelRequest(request.messages, stop=request.stop, max_new_tokens=24))
     assert not isinstance(parse_react(reply.text, tools), ToolRequest), reply.text
 
 
 @real_model_test
 async def test_a_grammar_that_does_not_compile_fails_only_its_own_call(llm):
     broken = Grammar("react_step", "start: undefined_rule\n")
-    results = await asyncio.gather(llm.complete(FRANCE, max_new_tokens=4, grammar=broken),
-                                   llm.complete(FRANCE, max_new_tokens=4), return_exceptions=True)
+    results = await asyncio.gather(llm.complete(ModelRequest(FRANCE, max_new_tokens=4, grammar=broken)),
+                                   llm.complete(ModelRequest(FRANCE, max_new_tokens=4)), return_exceptions=True)
     assert isinstance(results[0], LLMError) and "grammar does not compile" in str(results[0])
     assert results[1].text.startswith("The capital")
 
@@ -120,7 +121,7 @@ async def test_a_constrained_row_paused_for_a_newcomer_resumes_its_grammar_strea
     named = tuple(tool.name for tool in tools if tool.named_in(QUESTION))  # a tool call is required: an Action
     request = ReactConversation([], QUESTION, tools, TurnRules(GrammarLimits(thought_max_tokens=16), named)).request()
     call = dict(messages=request.messages, stop=request.stop, max_new_tokens=64, grammar=request.grammar)
-    alone = await llm.complete(**call)
+    alone = await llm.complete(ModelRequest(**call))
     cached = LocalLLM(str(GGUF), device_map="cpu", dtype="float32", batch_size=8, prefix_cache_mb=64)
     await cached.start()
     pieces: list[str] = []
@@ -129,11 +130,11 @@ async def test_a_constrained_row_paused_for_a_newcomer_resumes_its_grammar_strea
     def listen(piece: str) -> None:
         pieces.append(piece)
         if len(pieces) == 2:  # under way: a newcomer arrives, and the batch pauses for it to join
-            newcomer.append(asyncio.ensure_future(cached.complete(FRANCE, max_new_tokens=4)))
+            newcomer.append(asyncio.ensure_future(cached.complete(ModelRequest(FRANCE, max_new_tokens=4))))
 
     try:
         with batch_sizes() as sizes:
-            step = await cached.complete(**call, on_text=listen)
+            step = await cached.complete(ModelRequest(**call, on_text=listen))
             await newcomer[0]
     finally:
         await cached.close()

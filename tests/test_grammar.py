@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 from agent.errors import ModelLoadError
 from agent.grammar import (Grammar, GrammarLimits, capped_schema, native_grammar, react_final_grammar,
                            react_step_grammar)
-from agent.llm.constraints import GrammarEngine, unpack_bitmask
-from agent.llm.local import ModelSource, check_renders_tools
+from agent.llm.engine.grammar_masks import GrammarEngine, unpack_bitmask
+from agent.llm.engine.loading import ModelSource, check_renders_tools
 from tools.calculator import CALCULATOR
 from tools.courses import CourseCatalog, query_schema
 
@@ -201,11 +201,11 @@ def fed(engine: GrammarEngine, tokenizer, grammar: Grammar, text: str):
     return row
 
 
-def test_a_draft_is_what_the_grammar_forces_next(engine, tokenizer, tools):
+def test_what_a_row_may_check_ahead_is_what_the_grammar_forces_next(engine, tokenizer, tools):
     # After the tool's name, the step can only go on with its argument line's opening.
     row = fed(engine, tokenizer, react_step_grammar(tools, continuing=False),
               "Thought: 查一下。\nAction: course_list")
-    forced = row.draft([])
+    forced = row.allowed_ahead([])
     assert forced and tokenizer.decode(forced).startswith("\nAction Input:")
 
 
@@ -213,5 +213,5 @@ def test_a_guess_is_cut_where_the_grammar_would_refuse_it(engine, tokenizer, too
     row = fed(engine, tokenizer, react_step_grammar(tools, continuing=False), "Thought: ")
     fits = tokenizer.encode("查一下。", add_special_tokens=False)
     refused = tokenizer.encode("\nObservation: 200", add_special_tokens=False)  # no Action after the Thought
-    assert row.draft(fits + refused) == fits + refused[:1]  # the newline would end the Thought: still allowed
-    assert row.draft([]) == []
+    assert row.allowed_ahead(fits + refused) == fits + refused[:1]  # the newline would end the Thought: still allowed
+    assert row.allowed_ahead([]) == []

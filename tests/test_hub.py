@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.llm.hub import ALTERNATIVES
+from agent.llm.engine.hub import ALTERNATIVES
 from bot.program.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,9 +21,10 @@ import pytest
 import pytest_asyncio
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory, ModelLoadError
-from agent.llm.base import CancelToken, Completion
-from agent.llm.batching import APART_PASS_TOKENS, lay_out, rows_to_prefill_apart, shared_prefix_length
-from agent.llm.local import LocalLLM, cpu_has_native_bf16
+from agent.llm.base import CancelToken, Completion, ModelRequest
+from agent.llm.engine.batch import APART_PASS_TOKENS, lay_out, rows_to_prefill_apart, shared_prefix_length
+from agent.llm.engine.loading import cpu_has_native_bf16
+from agent.llm.local import LocalLLM
 from tests.real_model import GGUF, real_model_test, started_local_llm, worker_log_watched
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,9 +49,9 @@ async def run_as_one_batch(llm: LocalLLM, *calls: dict) -> list:
     A short request keeps the model thread busy first; everything submitted meanwhile waits in the queue and is
     taken together as the next batch.
     """
-    busy = asyncio.create_task(llm.complete(SKY, max_new_tokens=6))
+    busy = asyncio.create_task(llm.complete(ModelRequest(SKY, max_new_tokens=6)))
     await asyncio.sleep(0.05)
-    results = await asyncio.gather(*(llm.complete(**call) for call in calls), return_exceptions=True)
+    results = await asyncio.gather(*(llm.complete(ModelRequest(**call)) for call in calls), return_exceptions=True)
     await busy
     return results
 
@@ -105,7 +106,7 @@ class ExplodingToken(CancelToken):
 
 @real_model_test
 async def test_chat_template_opens_a_new_assistant_turn(llm: LocalLLM) -> None:
-    reply = await llm.complete(FRANCE, max_new_tokens=12)
+    reply = await llm.complete(ModelRequest(FRANCE, max_new_tokens=12))
     assert reply.text.startswith("The capital of France is Paris")
     assert reply.prompt_tokens > llm.count_tokens(FRANCE[0]["content"])  # the template wrapped the question
 
@@ -113,16 +114,16 @@ async def test_chat_template_opens_a_new_assistant_turn(llm: LocalLLM) -> None:
 @real_model_test
 async def test_a_final_assistant_message_is_continued_not_restarted(llm: LocalLLM) -> None:
     prefix = {"role": "assistant", "content": "The capital of France is"}
-    reply = await llm.complete([*FRANCE, prefix], max_new_tokens=6)
+    reply = await llm.complete(ModelRequest([*FRANCE, prefix], max_new_tokens=6))
     assert reply.text.startswith(" Paris")
 
 
 @real_model_test
 async def test_generation_ends_at_a_stop_string_which_is_trimmed(llm: LocalLLM) -> None:
-    free = await llm.complete(HAIKU, max_new_tokens=24)
+    free = await llm.complete(ModelRequest(HAIKU, max_new_tokens=24))
     assert "\n" in free.text and free.finish_reason == "length"
 
-    stopped = await llm.complete(HAIKU, max_new_tokens=24, stop=["\n"])
+    stopped = await llm.complete(ModelRequest(HAIKU, max_new_tokens=24, stop=["\n"]))
     assert stopped.text == free.text.split("\n")[0]
     assert stopped.finish_reason == "stop"
     assert stopped.completion_tokens < free.completion_tokens
@@ -136,8 +137,8 @@ async def test_batched_greedy_outputs_equal_the_same_requests_alone(llm: LocalLL
         dict(messages=FRUITS, max_new_tokens=12),
         dict(messages=SKY, max_new_tokens=24, stop=["Observation:"]),
     ]
-    alone = [await llm.complete(**call) for call in calls]
-    with caplog.at_level(logging.DEBUG, logger="agent.llm.worker"):
+    alone = [await llm.complete(ModelRequest(**call)) for call in calls]
+    with caplog.at_level(logging.DEBUG, logger="agent.llm.engine.model_thread"):
         together = await run_as_one_batch(llm, *calls)
     assert "generating a batch of 4" in caplog.text
     assert together == alone
@@ -150,8 +151,8 @@ async def test_rows_sharing_a_long_prompt_prefix_still_equal_their_runs_alone(ll
     rules = "You answer questions about courses. " + " ".join(f"Rule {n}: be brief and exact." for n in range(1, 11))
     calls = [dict(messages=[{"role": "system", "content": rules}, *question], max_new_tokens=8, stop=["\n"])
              for question in (FRANCE, HAIKU, FRUITS, SKY)]
-    alone = [await llm.complete(**call) for call in calls]
-    with caplog.at_level(logging.DEBUG, logger="agent.llm.batching"):
+    alone = [await llm.complete(ModelRequest(**call)) for call in calls]
+    with caplog.at_level(logging.DEBUG, logger="agent.llm.engine.batch"):
         together = await run_as_one_batch(llm, *calls)
     shared = re.search(r"batch of 4: reused \((\d+), (\d+), (\d+), (\d+)\) prompt tokens", caplog.text)
     assert shared and all(int(reused) > 80 for reused in shared.groups())  # the shared prefix, computed once
@@ -165,8 +166,9 @@ async def test_requests_arriving_a_few_ms_apart_share_one_batch(llm: LocalLLM, c
         await asyncio.sleep(0.005)
         return await call
 
-    with caplog.at_level(logging.DEBUG, logger="agent.llm.worker"):
-        await asyncio.gather(llm.complete(FRANCE, max_new_tokens=2), later(llm.complete(HAIKU, max_new_tokens=2)))
+    with caplog.at_level(logging.DEBUG, logger="agent.llm.engine.model_thread"):
+        await asyncio.gather(llm.complete(ModelRequest(FRANCE, max_new_tokens=2)),
+                             later(llm.complete(ModelRequest(HAIKU, max_new_tokens=2))))
     assert "generating a batch of 2" in caplog.text
 
 
@@ -174,12 +176,12 @@ async def test_requests_arriving_a_few_ms_apart_share_one_batch(llm: LocalLLM, c
 async def test_each_row_of_a_batch_streams_its_own_text_as_it_is_generated(llm: LocalLLM) -> None:
     calls = [dict(messages=FRANCE, max_new_tokens=16, stop=["Paris"]), dict(messages=HAIKU, max_new_tokens=20),
              dict(messages=FRUITS, max_new_tokens=12)]
-    alone = [await llm.complete(**call) for call in calls]
+    alone = [await llm.complete(ModelRequest(**call)) for call in calls]
     pieces: list[list[str]] = [[] for _ in calls]
     before_answer: dict[int, int] = {}  # by row: rows end at different steps, each answered when its own ends
 
     async def streamed(index: int, call: dict) -> Completion:
-        completion = await llm.complete(**call, on_text=pieces[index].append)
+        completion = await llm.complete(ModelRequest(**call, on_text=pieces[index].append))
         before_answer[index] = len(pieces[index])  # pieces that arrived before the call returned
         return completion
 
@@ -197,7 +199,7 @@ async def test_each_row_of_a_batch_streams_its_own_text_as_it_is_generated(llm: 
 @real_model_test
 async def test_cancelling_one_row_leaves_the_others_untouched(llm: LocalLLM) -> None:
     others = [dict(messages=HAIKU, max_new_tokens=16), dict(messages=FRUITS, max_new_tokens=16)]
-    alone = [await llm.complete(**call) for call in others]
+    alone = [await llm.complete(ModelRequest(**call)) for call in others]
     token = CancelToken()
 
     async def cancel_mid_batch() -> None:
@@ -218,17 +220,17 @@ async def test_cancelling_the_awaiting_task_frees_the_model_thread(llm: LocalLLM
     # Never set itself, this token is asked at each step of the long row, for as long as the row's own token
     # (set when its awaiting task is cancelled) does not stop it first.
     steps = CountingToken()
-    long_call = asyncio.create_task(llm.complete(SKY, max_new_tokens=1000, cancel=steps))
+    long_call = asyncio.create_task(llm.complete(ModelRequest(SKY, max_new_tokens=1000, cancel=steps)))
     await wait_until(lambda: steps.looks > 3)  # generating
     long_call.cancel()
-    reply = await llm.complete(FRANCE, max_new_tokens=4)
+    reply = await llm.complete(ModelRequest(FRANCE, max_new_tokens=4))
     assert reply.text.startswith("The capital")
     with pytest.raises(asyncio.CancelledError):
         await long_call
     # Left running, the abandoned row would have held the thread for its 1000 steps before the next request ran.
     assert steps.looks < 1000
     looked = steps.looks
-    await llm.complete(FRANCE, max_new_tokens=2)
+    await llm.complete(ModelRequest(FRANCE, max_new_tokens=2))
     assert steps.looks == looked  # and it is gone: nothing asks about it any more
 
 
@@ -236,8 +238,8 @@ async def test_cancelling_the_awaiting_task_frees_the_model_thread(llm: LocalLLM
 async def test_the_event_loop_keeps_ticking_while_the_model_generates(llm: LocalLLM) -> None:
     steps = CountingToken()
     seen: list[int] = []  # the long row's step count, as each tick of the loop saw it
-    generating = asyncio.gather(llm.complete(SKY, max_new_tokens=48, cancel=steps),
-                                *(llm.complete(m, max_new_tokens=16) for m in (FRANCE, HAIKU, FRUITS)))
+    generating = asyncio.gather(llm.complete(ModelRequest(SKY, max_new_tokens=48, cancel=steps)),
+                                *(llm.complete(ModelRequest(m, max_new_tokens=16)) for m in (FRANCE, HAIKU, FRUITS)))
     while not generating.done():
         seen.append(steps.looks)
         await asyncio.sleep(0.001)
@@ -257,7 +259,7 @@ async def test_an_error_inside_generate_reaches_its_callers_and_the_next_request
     assert [type(r) for r in results] == [LLMError, LLMError]
     assert "boom" in str(results[0])
 
-    after = await llm.complete(FRANCE, max_new_tokens=8)
+    after = await llm.complete(ModelRequest(FRANCE, max_new_tokens=8))
     assert after.text.startswith("The capital of France")
 
 
@@ -268,7 +270,7 @@ async def test_out_of_memory_becomes_llm_out_of_memory_for_the_whole_batch(llm: 
     failing = dict(messages=FRANCE, max_new_tokens=8, cancel=ExplodingToken(torch.OutOfMemoryError("fake OOM")))
     results = await run_as_one_batch(llm, failing, dict(messages=HAIKU, max_new_tokens=8))
     assert all(isinstance(r, LLMOutOfMemory) and "BATCH_SIZE" in str(r) for r in results)
-    assert (await llm.complete(FRUITS, max_new_tokens=4)).text
+    assert (await llm.complete(ModelRequest(FRUITS, max_new_tokens=4))).text
 
 
 @real_model_test
@@ -305,15 +307,15 @@ async def test_a_folder_without_a_model_fails_start_with_one_line(tmp_path: Path
 async def test_close_cancels_what_is_in_flight_and_refuses_new_requests() -> None:
     backend = LocalLLM(str(GGUF), device_map="cpu", batch_size=1)
     await backend.start()
-    running = asyncio.create_task(backend.complete(SKY, max_new_tokens=1000))
-    queued = asyncio.create_task(backend.complete(FRANCE, max_new_tokens=1000))
+    running = asyncio.create_task(backend.complete(ModelRequest(SKY, max_new_tokens=1000)))
+    queued = asyncio.create_task(backend.complete(ModelRequest(FRANCE, max_new_tokens=1000)))
     await asyncio.sleep(0.3)
     await asyncio.wait_for(backend.close(), timeout=10)
     results = await asyncio.gather(running, queued, return_exceptions=True)
     assert isinstance(results[0], LLMCancelled)
     assert type(results[1]) is LLMError and "shutting down" in str(results[1])
     with pytest.raises(LLMError, match="not running"):
-        await backend.complete(FRANCE, max_new_tokens=4)
+        await backend.complete(ModelRequest(FRANCE, max_new_tokens=4))
 
 
 def test_reused_prefixes_come_first_then_padding_then_each_rows_own_tokens() -> None:
@@ -396,10 +398,10 @@ def test_native_mode_on_a_template_that_ignores_tools_stops_at_start_in_one_line
 @real_model_test
 async def test_int8_loads_quantized_and_still_answers(caplog) -> None:
     backend = LocalLLM(str(GGUF), device_map="cpu", dtype="int8", batch_size=8)
-    with caplog.at_level(logging.INFO, logger="agent.llm.local"):
+    with caplog.at_level(logging.INFO, logger="agent.llm"):
         await backend.start()
     try:
-        reply = await backend.complete(FRANCE, max_new_tokens=12)
+        reply = await backend.complete(ModelRequest(FRANCE, max_new_tokens=12))
     finally:
         await backend.close()
     assert "(int8 on cpu)" in caplog.text

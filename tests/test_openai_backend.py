@@ -19,7 +19,7 @@ import pytest
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from bot.program.services import build_llm
-from agent.llm.base import CancelToken, ToolCall
+from agent.llm.base import CancelToken, ModelRequest, ToolCall
 from agent.grammar import Grammar
 from agent.llm.openai import OpenAILLM
 from agent.llm.openai_stream import StreamLimits
@@ -78,7 +78,7 @@ async def test_react_continuation_folds_the_assistant_prefix_into_the_user_messa
     messages = [{"role": "system", "content": "You are helpful."}, user("Question: 多少节？"),
                 {"role": "assistant", "content": trace}]
 
-    completion = await llm.complete(messages, stop=REACT_STOP, max_new_tokens=64)
+    completion = await llm.complete(ModelRequest(messages, stop=REACT_STOP, max_new_tokens=64))
 
     assert completion.text == " I now know the final answer\nFinal Answer: 200"
     sent = server.chat_requests[0].body
@@ -92,7 +92,7 @@ async def test_react_continuation_folds_the_assistant_prefix_into_the_user_messa
 async def test_generation_ends_at_the_stop_string_which_is_not_returned(server, llm):
     server.add("Thought: look it up\nAction: course_lookup\nAction Input: {}\nObservation: invented result")
 
-    completion = await llm.complete([user("Question: ?")], stop=REACT_STOP)
+    completion = await llm.complete(ModelRequest([user("Question: ?")], stop=REACT_STOP))
 
     assert completion.text == "Thought: look it up\nAction: course_lookup\nAction Input: {}\n"
     assert completion.finish_reason == "stop"
@@ -102,7 +102,7 @@ async def test_generation_ends_at_the_stop_string_which_is_not_returned(server, 
 async def test_hitting_the_token_limit_is_reported_as_length(server, llm):
     server.add(text("Thought: a long", finish_reason="length"))
 
-    completion = await llm.complete([user("Question: ?")], stop=REACT_STOP, max_new_tokens=4)
+    completion = await llm.complete(ModelRequest([user("Question: ?")], stop=REACT_STOP, max_new_tokens=4))
 
     assert completion.finish_reason == "length"
     assert server.chat_requests[0].body["max_tokens"] == 4
@@ -111,7 +111,7 @@ async def test_hitting_the_token_limit_is_reported_as_length(server, llm):
 async def test_two_server_errors_then_an_answer_gives_the_answer_after_growing_backoff(server, llm):
     server.add(error(500), error(502), "Final Answer: 200")
 
-    completion = await llm.complete([user("Question: ?")])
+    completion = await llm.complete(ModelRequest([user("Question: ?")]))
 
     assert completion.text == "Final Answer: 200"
     arrivals = [request.received_at for request in server.chat_requests]
@@ -123,7 +123,7 @@ async def test_two_server_errors_then_an_answer_gives_the_answer_after_growing_b
 async def test_rate_limit_waits_as_long_as_retry_after_says(server, llm):
     server.add(error(429, "slow down", retry_after=1), "Final Answer: 200")
 
-    completion = await llm.complete([user("Question: ?")])
+    completion = await llm.complete(ModelRequest([user("Question: ?")]))
 
     assert completion.text == "Final Answer: 200"
     first, second = server.chat_requests
@@ -133,7 +133,7 @@ async def test_rate_limit_waits_as_long_as_retry_after_says(server, llm):
 async def test_a_dropped_connection_is_retried(server, llm):
     server.add(DROP, "Final Answer: 200")
 
-    completion = await llm.complete([user("Question: ?")])
+    completion = await llm.complete(ModelRequest([user("Question: ?")]))
 
     assert completion.text == "Final Answer: 200"
     assert len(server.chat_requests) == 2
@@ -144,7 +144,7 @@ async def test_a_server_that_never_answers_times_out_with_a_clear_message(server
     server.add(HANG, HANG, HANG, HANG)
 
     with pytest.raises(LLMTimeout) as raised:
-        await llm.complete([user("Question: ?")])
+        await llm.complete(ModelRequest([user("Question: ?")]))
 
     assert len(server.chat_requests) == 1  # one limit for the first token, not one per retry
     assert str(raised.value) == (f"model server at {server.base_url} sent no answer within 0.5 s "
@@ -157,7 +157,7 @@ async def test_a_client_error_becomes_one_line_with_status_and_message_and_no_ap
     server.add(error(400, "Incorrect API key provided: sk-very-secret-key.\nSee the docs."))
 
     with pytest.raises(LLMError) as raised:
-        await llm.complete([user("Question: ?")])
+        await llm.complete(ModelRequest([user("Question: ?")]))
 
     message = str(raised.value)
     assert message == f"model server at {server.base_url} answered 400: Incorrect API key provided: ***. See the docs."
@@ -169,7 +169,7 @@ async def test_a_client_error_becomes_one_line_with_status_and_message_and_no_ap
 async def test_native_mode_passes_tools_and_returns_the_parsed_tool_calls(server, llm):
     server.add(tool_call("course_lookup", {"name": "大模型技术实战"}, call_id="call_abc"))
 
-    completion = await llm.complete([user("多少节？")], tools=[COURSE_TOOL])
+    completion = await llm.complete(ModelRequest([user("多少节？")], tools=[COURSE_TOOL]))
 
     assert server.chat_requests[0].body["tools"] == [COURSE_TOOL]
     assert completion.tool_calls == (
@@ -187,7 +187,7 @@ async def test_native_history_is_sent_with_json_arguments_and_matching_ids(serve
         {"role": "tool", "name": "course_lookup", "content": {"课时": 200}},
     ]
 
-    completion = await llm.complete(messages, tools=[COURSE_TOOL])
+    completion = await llm.complete(ModelRequest(messages, tools=[COURSE_TOOL]))
 
     assert completion.text == "大模型技术实战一共 200 节。"
     assistant, tool = server.chat_requests[0].body["messages"][1:]
@@ -200,7 +200,7 @@ async def test_native_history_is_sent_with_json_arguments_and_matching_ids(serve
 async def test_many_requests_are_in_flight_at_once(server, llm):
     server.add(*[text("Final Answer: ok", delay=0.3) for _ in range(8)])
 
-    completions = await asyncio.gather(*[llm.complete([user(f"Question {n}")]) for n in range(8)])
+    completions = await asyncio.gather(*[llm.complete(ModelRequest([user(f"Question {n}")])) for n in range(8)])
 
     assert [c.text for c in completions] == ["Final Answer: ok"] * 8
     assert server.max_in_flight == 8  # the server held all eight at the same time
@@ -212,7 +212,7 @@ async def test_cancelling_a_waiting_request_raises_cancelled_promptly(server, ll
     asyncio.get_running_loop().call_later(0.2, cancel.cancel)
 
     with pytest.raises(LLMCancelled):  # the server never answers: only the cancel can end the call
-        await llm.complete([user("Question: ?")], cancel=cancel)
+        await llm.complete(ModelRequest([user("Question: ?")], cancel=cancel))
 
     assert len(server.chat_requests) == 1
 
@@ -224,8 +224,8 @@ async def test_the_answer_arrives_piece_by_piece_while_the_server_is_still_gener
     server.add(text(answer, pieces=6, chunk_delay=0.2))
     received: list[tuple[float, str]] = []
 
-    completion = await llm.complete([user("Question: ?")], stop=REACT_STOP,
-                                    on_text=lambda piece: received.append((time.monotonic(), piece)))
+    completion = await llm.complete(ModelRequest([user("Question: ?")], stop=REACT_STOP,
+                                    on_text=lambda piece: received.append((time.monotonic(), piece))))
 
     assert completion.text == answer
     assert "".join(piece for _, piece in received) == answer and len(received) == 6
@@ -240,7 +240,7 @@ async def test_a_server_that_goes_silent_mid_answer_fails_the_call_in_one_line_a
     received: list[str] = []
 
     with pytest.raises(LLMTimeout) as raised:
-        await llm.complete([user("Question: ?")], on_text=received.append)
+        await llm.complete(ModelRequest([user("Question: ?")], on_text=received.append))
 
     assert str(raised.value) == (f"model server at {server.base_url} went silent mid-answer for 0.5 s "
                                  "(OPENAI_SILENCE_SECONDS)")
@@ -260,7 +260,7 @@ async def test_cancelling_mid_answer_closes_the_connection_so_the_server_stops(s
             cancel.cancel()
 
     with pytest.raises(LLMCancelled):
-        await llm.complete([user("Question: ?")], cancel=cancel, on_text=take)
+        await llm.complete(ModelRequest([user("Question: ?")], cancel=cancel, on_text=take))
 
     await wait_until(lambda: server.streams[0].closed_by_client)  # the fake saw the connection close under it
     assert not server.streams[0].finished and len(server.streams[0].sent_at) < 100
@@ -271,7 +271,7 @@ async def test_a_turn_that_runs_out_of_time_also_closes_the_stream(server, llm):
 
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.5):  # what the agent's turn limit does to a call in flight
-            await llm.complete([user("Question: ?")], on_text=lambda piece: None)
+            await llm.complete(ModelRequest([user("Question: ?")], on_text=lambda piece: None))
 
     await wait_until(lambda: server.streams[0].closed_by_client)
 
@@ -280,7 +280,7 @@ async def test_a_stream_that_ends_without_a_finish_reason_is_an_error_not_a_shor
     server.add(text("Thought: half of a", pieces=3, unfinished=True))
 
     with pytest.raises(LLMError) as raised:
-        await llm.complete([user("Question: ?")])
+        await llm.complete(ModelRequest([user("Question: ?")]))
 
     assert str(raised.value).startswith(f"model server at {server.base_url} ended the answer before it was finished")
     assert "--interrupt_requests False" in str(raised.value)  # the fix, for the server that does this
@@ -373,7 +373,7 @@ async def test_build_llm_makes_the_openai_backend_from_settings(server, tmp_path
     llm = build_llm(settings)
     server.add("hello")
 
-    await llm.complete([user("hi")])
+    await llm.complete(ModelRequest([user("hi")]))
 
     assert isinstance(llm, OpenAILLM)
     assert server.chat_requests[0].body["model"] == "Qwen/Qwen2.5-7B-Instruct"  # OPENAI_MODEL empty: MODEL
@@ -403,14 +403,14 @@ STEP = Grammar("react_step", 'start: "Thought: " /[^\\n]+/\n')
 async def test_the_grammar_goes_in_the_field_each_server_takes(server, style, field, value):
     server.add("Thought: ok")
     llm = make_llm(server, grammar=style)
-    await llm.complete([user("Question: ?")], grammar=STEP)
+    await llm.complete(ModelRequest([user("Question: ?")], grammar=STEP))
     await llm.close()
     assert server.chat_requests[0].body[field] == value
 
 
 async def test_without_openai_grammar_no_grammar_is_sent(server, llm):
     server.add("Thought: ok")
-    await llm.complete([user("Question: ?")], grammar=STEP)
+    await llm.complete(ModelRequest([user("Question: ?")], grammar=STEP))
     assert set(server.chat_requests[0].body) == {"model", "messages", "max_tokens", "stream", "stream_options"}
 
 
@@ -418,8 +418,8 @@ async def test_a_server_that_refuses_the_grammar_gets_the_request_again_without_
     server.add(error(400, "unknown field: ebnf"), "Thought: first", "Thought: second")
     llm = make_llm(server, grammar="sglang")
 
-    first = await llm.complete([user("Question: ?")], grammar=STEP)
-    second = await llm.complete([user("Question: ?")], grammar=STEP)
+    first = await llm.complete(ModelRequest([user("Question: ?")], grammar=STEP))
+    second = await llm.complete(ModelRequest([user("Question: ?")], grammar=STEP))
     await llm.close()
 
     assert (first.text, second.text) == ("Thought: first", "Thought: second")
@@ -432,7 +432,7 @@ async def test_other_errors_with_a_grammar_are_errors_as_before(server):
     server.add(error(401, "bad key"))
     llm = make_llm(server, grammar="vllm", max_retries=0)
     with pytest.raises(LLMError, match="answered 401"):
-        await llm.complete([user("Question: ?")], grammar=STEP)
+        await llm.complete(ModelRequest([user("Question: ?")], grammar=STEP))
     await llm.close()
     assert len(server.chat_requests) == 1
 

@@ -79,7 +79,7 @@ def test_the_start_log_names_the_database_and_the_model(tmp_path):
 
 
 def test_a_relative_model_path_is_found_in_the_data_dir_not_the_current_folder(tmp_path, monkeypatch):
-    from agent.llm.local import resolve_model
+    from agent.llm.engine.loading import resolve_model
 
     (tmp_path / "data" / "models").mkdir(parents=True)
     (tmp_path / "data" / "models" / "mine.gguf").write_bytes(b"GGUF")

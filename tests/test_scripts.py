@@ -45,13 +45,14 @@ esac
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A copy of the project (scripts, packages, pyproject.toml, .env.example) with a recording .venv."""
+    """A copy of the project (scripts, packages, pyproject.toml, constraints.txt, .env.example) with a recording
+    .venv."""
     copy = tmp_path / "project"
     shutil.copytree(ROOT / "scripts", copy / "scripts")
     for package in ROOT.iterdir():
         if (package / "__init__.py").is_file() and package.name != "tests":
             shutil.copytree(package, copy / package.name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", ".env.example"):
+    for name in ("pyproject.toml", "constraints.txt", ".env.example"):
         shutil.copy(ROOT / name, copy / name)
     (copy / ".venv" / "bin").mkdir(parents=True)
     write_script(copy / ".venv" / "bin" / "python", FAKE_PYTHON)
@@ -92,7 +93,7 @@ def test_a_second_start_with_nothing_changed_runs_no_pip(project):
     first, calls = run_script(project, "run.sh")
     assert first.returncode == 0, first.stderr
     assert "python -m pip install -q torch==2.13.0" in calls
-    assert "python -m pip install -q -e .[test]" in calls
+    assert "python -m pip install -q -c constraints.txt -e .[test]" in calls  # at the versions the tests ran with
     assert calls[-3:] == ["qwenbot migrate", "qwenbot run", "qwenbot polling"]
 
     second, calls = run_script(project, "run.sh")
@@ -102,11 +103,15 @@ def test_a_second_start_with_nothing_changed_runs_no_pip(project):
     assert calls[-3:] == ["qwenbot migrate", "qwenbot run", "qwenbot polling"]
 
 
-def test_a_changed_pyproject_torch_spec_or_index_installs_again(project):
+def test_a_changed_pyproject_constraints_torch_spec_or_index_installs_again(project):
     assert run_script(project, "setup.sh")[0].returncode == 0
     with (project / "pyproject.toml").open("a") as pyproject:
         pyproject.write("\n# a new dependency would go here\n")
     assert pip_calls(run_script(project, "setup.sh")[1])
+    assert pip_calls(run_script(project, "setup.sh")[1]) == []
+    with (project / "constraints.txt").open("a") as constraints:
+        constraints.write("# a moved pin would go here\n")
+    assert "python -m pip install -q -c constraints.txt -e .[test]" in run_script(project, "setup.sh")[1]
     assert pip_calls(run_script(project, "setup.sh")[1]) == []
 
     _, calls = run_script(project, "setup.sh", TORCH_SPEC="torch")
@@ -120,7 +125,7 @@ def test_a_changed_pyproject_torch_spec_or_index_installs_again(project):
 def test_a_lost_install_is_installed_again_whatever_the_stamp_says(project):
     assert run_script(project, "setup.sh")[0].returncode == 0
     (project / ".venv" / "bin" / "qwenbot").unlink()
-    assert "python -m pip install -q -e .[test]" in run_script(project, "setup.sh")[1]
+    assert "python -m pip install -q -c constraints.txt -e .[test]" in run_script(project, "setup.sh")[1]
 
 
 @pytest.mark.parametrize("failing", ["FAKE_MIGRATE_STATUS", "FAKE_RUN_STATUS"])
@@ -147,3 +152,27 @@ def test_a_stop_signal_to_run_sh_reaches_the_bot(project):
     assert script.returncode == 0, stderr
     assert log.read_text().splitlines()[-1] == "qwenbot stopped by TERM"
     assert "doctor" not in stderr
+
+
+def test_constraints_pin_every_dependency_within_the_bounds_and_this_venv_has_the_pins() -> None:
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {canonicalize_name(name): pinned for name, pinned in
+            (line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
+             if line and not line.startswith("#"))}
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for line in declared["dependencies"] + declared["optional-dependencies"]["test"]:
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        if name == "torch":  # installed from TORCH_SPEC, not pinned here
+            assert version("torch").split("+")[0] in requirement.specifier
+            continue
+        assert name in pins, name
+        assert pins[name] in requirement.specifier, (name, pins[name], str(requirement.specifier))
+    assert "torch" not in pins
+    for name, pinned in pins.items():
+        assert version(name) == pinned, name

@@ -149,13 +149,13 @@ class PrivateFirstLLM(ScriptedLLM):
         super().__init__(*args, **kwargs)
         self.private_began = asyncio.Event()
 
-    async def complete(self, messages, **kwargs):
-        question = messages[-1]["content"]
+    async def complete(self, request):
+        question = request.messages[-1]["content"]
         if "in private" in question:
             self.private_began.set()
         elif "first" in question:
             await self.private_began.wait()
-        return await super().complete(messages, **kwargs)
+        return await super().complete(request)
 
 
 async def test_group_turns_run_in_order_and_other_chats_in_parallel(start_bot, telegram_server):

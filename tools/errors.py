@@ -1,4 +1,4 @@
-"""Errors tools raise on purpose (the whole tree, with its root, is drawn in db/errors.py).
+"""Errors tools raise on purpose (the whole tree, with its root, is drawn in core/errors.py).
 
     ToolError               a tool refuses its input; the message is written for whoever gave it
     ├── UnknownTool         no registered tool has that name (also a KeyError, for lookups)
@@ -17,7 +17,7 @@ model as `exception`.
 
 from typing import Any
 
-from db.errors import BotError
+from core.errors import BotError
 
 
 class ToolError(BotError, ValueError):

@@ -4,7 +4,9 @@ A request is a list of chat messages (`{"role": ..., "content": ...}`). When the
 assistant, the backend *continues* it rather than starting a new assistant turn: that is how the ReAct trace
 grows inside one assistant turn. Stop strings end generation and are not part of the returned text.
 
-Streaming: a caller that passes `on_text` is handed each piece of new text as it is generated, on the event loop.
+A call is one `ModelRequest`: the messages and everything that shapes or steers the reply.
+
+Streaming: a caller that sets `on_text` is handed each piece of new text as it is generated, on the event loop.
 The pieces are a preview: they may run a little past a stop string (a backend sees the stop only once it is
 complete), so the returned `Completion` stays the authority on what the model said.
 """
@@ -25,6 +27,25 @@ TextSink = Callable[[str], None]
 
 # The values of MODEL_DTYPE: `auto` lets the backend choose for the hardware it runs on.
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One model call: the chat to continue, where to stop, and how the caller steers and listens to it.
+
+    `tools` are OpenAI-style function specs for native tool calling. `on_text`, when given, receives the new text as
+    it is generated (see the module docstring). `grammar`, when given, is what the reply must look like
+    (agent/grammar.py); a backend that cannot apply it generates without it. `cancel` stops the call at its next
+    step. A conversation makes the first four (agent/conversations.py); the agent's loop adds the rest (`replace`).
+    """
+
+    messages: Sequence[Message]
+    stop: Sequence[str] = ()
+    tools: Sequence[dict[str, Any]] | None = None
+    grammar: "Grammar | None" = None
+    max_new_tokens: int = 512
+    cancel: "CancelToken | None" = None
+    on_text: TextSink | None = None
 
 
 @dataclass(frozen=True)
@@ -76,23 +97,9 @@ class LLM(ABC):
         """Release what `start` took."""
 
     @abstractmethod
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        stop: Sequence[str] = (),
-        max_new_tokens: int = 512,
-        tools: Sequence[dict[str, Any]] | None = None,
-        cancel: CancelToken | None = None,
-        on_text: TextSink | None = None,
-        grammar: "Grammar | None" = None,
-    ) -> Completion:
-        """Generate a completion for `messages`, ending at the first of `stop` (trimmed) or the token limit.
-
-        `tools` are OpenAI-style function specs for native tool calling. `on_text`, when given, receives the new
-        text as it is generated (see the module docstring). `grammar`, when given, is what the reply must look like
-        (agent/grammar.py); a backend that cannot apply it generates without it. Raises `LLMError` subclasses.
-        """
+    async def complete(self, request: ModelRequest) -> Completion:
+        """Generate a completion for `request.messages`, ending at the first of its stop strings (trimmed) or its
+        token limit (`ModelRequest` says what each field does). Raises `LLMError` subclasses."""
 
     @abstractmethod
     def count_tokens(self, text: str) -> int:

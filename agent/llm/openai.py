@@ -37,7 +37,7 @@ from openai import AsyncOpenAI
 
 from agent.errors import LLMCancelled, LLMError, LLMTimeout
 from agent.grammar import Grammar
-from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink, ToolCall, trim_at_stop
+from agent.llm.base import LLM, CancelToken, Completion, Message, ModelRequest, TextSink, ToolCall, trim_at_stop
 from agent.llm.openai_stream import StreamedReply, StreamLimits
 from agent.tokens import TokenCounter, estimate_tokens
 from agent.unicode import clean_json, clean_text
@@ -87,7 +87,7 @@ class OpenAILLM(LLM):
         self.startup_seconds = startup_seconds
         self._api_key = api_key or "EMPTY"  # local servers ignore the key, but the client insists on one
         self._count = count_tokens
-        # No read time-out of the client's own: the first-token and silence limits are measured here, per chunk,
+        # No read time-out of the client's own: the first-token and silence limits are timed here, per chunk,
         # because keep-alive pings would reset a socket-level read time-out while nothing is generated.
         self._client = AsyncOpenAI(base_url=base_url, api_key=self._api_key, max_retries=max_retries,
                                    timeout=httpx.Timeout(None, connect=limits.connect_seconds))
@@ -170,40 +170,30 @@ class OpenAILLM(LLM):
         """Count tokens with Qwen's vocabulary (the model's own tokenizer lives on the server)."""
         return self._count(text)
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        stop: Sequence[str] = (),
-        max_new_tokens: int = 512,
-        tools: Sequence[dict[str, Any]] | None = None,
-        cancel: CancelToken | None = None,
-        on_text: TextSink | None = None,
-        grammar: Grammar | None = None,
-    ) -> Completion:
+    async def complete(self, request: ModelRequest) -> Completion:
         """One streamed chat completion; an assistant message last is continued (see `fold_assistant_prefix`)."""
-        request: dict[str, Any] = {
+        body: dict[str, Any] = {
             "model": self.model,
-            "messages": to_chat_messages(messages),
-            "max_tokens": max_new_tokens,
+            "messages": to_chat_messages(request.messages),
+            "max_tokens": request.max_new_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},  # servers that do not know it ignore it (and count nothing)
         }
-        if stop:
-            request["stop"] = list(stop)
-        if tools:
-            request["tools"] = list(tools)
-        if grammar is not None and self.grammar_style != "off":
-            request["extra_body"] = GRAMMAR_FIELDS[self.grammar_style](grammar)
-        request = clean_json(request)  # a lone surrogate would fail the request body's UTF-8 encoding
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.tools:
+            body["tools"] = list(request.tools)
+        if request.grammar is not None and self.grammar_style != "off":
+            body["extra_body"] = GRAMMAR_FIELDS[self.grammar_style](request.grammar)
+        body = clean_json(body)  # a lone surrogate would fail the request body's UTF-8 encoding
         try:
-            reply = await self._read_stream(request, cancel, on_text)
+            reply = await self._read_stream(body, request.cancel, request.on_text)
         except _GrammarRefused as refused:
             log.warning("%s; sending no grammar (OPENAI_GRAMMAR=%s) from now on", refused, self.grammar_style)
             self.grammar_style = "off"
-            del request["extra_body"]
-            reply = await self._read_stream(request, cancel, on_text)
-        return self._completion(reply, request["messages"], stop)
+            del body["extra_body"]
+            reply = await self._read_stream(body, request.cancel, request.on_text)
+        return self._completion(reply, body["messages"], request.stop)
 
     async def _read_stream(self, request: dict[str, Any], cancel: CancelToken | None,
                            on_text: TextSink | None) -> StreamedReply:

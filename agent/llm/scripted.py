@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence, Union
 
 from agent.errors import LLMCancelled, LLMError
 from agent.grammar import Grammar
-from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink, trim_at_stop
+from agent.llm.base import LLM, CancelToken, Completion, Message, ModelRequest, TextSink, trim_at_stop
 from agent.tokens import TokenCounter, estimate_tokens
 
 
@@ -86,27 +86,17 @@ class ScriptedLLM(LLM):
     def count_tokens(self, text: str) -> int:
         return self._count(text)
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        stop: Sequence[str] = (),
-        max_new_tokens: int = 512,
-        tools: Sequence[dict[str, Any]] | None = None,
-        cancel: CancelToken | None = None,
-        on_text: TextSink | None = None,
-        grammar: Grammar | None = None,
-    ) -> Completion:
-        """The next scripted reply, after `delay`; streamed to `on_text` when given. The request (grammar included)
-        is recorded; the grammar is not applied."""
-        request = Request([dict(m) for m in messages], tuple(stop), max_new_tokens, list(tools) if tools else None,
-                          grammar)
-        self.requests.append(request)
+    async def complete(self, request: ModelRequest) -> Completion:
+        """The next scripted reply, after `delay`; streamed to the request's `on_text` when given. The request
+        (grammar included) is recorded; the grammar is not applied."""
+        recorded = Request([dict(m) for m in request.messages], tuple(request.stop), request.max_new_tokens,
+                           list(request.tools) if request.tools else None, request.grammar)
+        self.requests.append(recorded)
         if self.delay:
-            await self._sleep_unless_cancelled(cancel, self.delay)
-        completion = self._next_completion(request, messages, stop)
-        if on_text is not None:
-            await self._stream(completion.text, on_text, cancel)
+            await self._sleep_unless_cancelled(request.cancel, self.delay)
+        completion = self._next_completion(recorded, request.messages, request.stop)
+        if request.on_text is not None:
+            await self._stream(completion.text, request.on_text, request.cancel)
         return completion
 
     def _next_completion(self, request: Request, messages: Sequence[Message], stop: Sequence[str]) -> Completion:

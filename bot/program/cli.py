@@ -25,7 +25,8 @@ from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
 from bot.program.services import mcp_hub, open_settings_database, start_services
 from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
-from db import BotError, Database
+from core.errors import BotError
+from db import Database
 from tools import build_registry
 from tools.errors import McpConfigError
 from tools.mcp import McpHub

@@ -7,7 +7,7 @@
 openai, scripted, agent, tools, turns, streaming, mcp, logging, doctor), each the one place of its defaults. A
 field is named as its variable in lower case, so the variables never changed with the grouping and a grep for
 either finds both. Where a component of `agent/` or `tools/` has a limits class (`AgentLimits`, `GrammarLimits`,
-`DraftLimits`, `StreamLimits`, `McpLimits`) or a named default, the group takes its default from there, so each
+`SpeculativeLimits`, `StreamLimits`, `McpLimits`) or a named default, the group takes its default from there, so each
 default is written once; bot/program/services.py builds those classes from the groups by keyword.
 
 Each variable is mirrored, with its default and an explanation, in `.env.example`, in one section per group.
@@ -26,7 +26,7 @@ from dotenv import load_dotenv
 
 from agent.grammar import GrammarLimits
 from agent.llm.base import MODEL_DTYPES
-from agent.llm.drafts import DraftLimits
+from agent.llm.engine.speculative import SpeculativeLimits
 from agent.llm.openai_stream import StreamLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
@@ -142,8 +142,8 @@ class EngineSettings:
     batch_size: int = 8
     batch_wait_ms: int = 20
     prefix_cache_mb: int = 512
-    speculative_tokens: int = DraftLimits.per_row
-    speculative_step_tokens: int = DraftLimits.per_step
+    speculative_tokens: int = SpeculativeLimits.per_row
+    speculative_step_tokens: int = SpeculativeLimits.per_step
 
     def validate(self) -> None:
         """Refuse an empty batch and negative sizes."""

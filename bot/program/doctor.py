@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, TextIO
 
 from agent.errors import LLMError, ModelLoadError
+from agent.llm.base import ModelRequest
 from bot.program.config import ConfigError, Settings
 from bot.program.logs import configure_logging
 from bot.program.paths import dotenv_file
@@ -222,7 +223,7 @@ async def check_model(settings: Settings) -> list[Check]:
 
 def check_local_model(settings: Settings) -> list[Check]:
     """Find MODEL, load its config and tokenizer (not the weights), render a chat, and tools in native mode."""
-    from agent.llm.local import load_options, resolve_model
+    from agent.llm.engine.loading import load_options, resolve_model
 
     try:
         source = resolve_model(settings.model.model, settings.storage.data_dir)
@@ -301,7 +302,7 @@ async def check_model_server(settings: Settings) -> list[Check]:
 async def server_call(name: str, llm: Any, tools: list[dict[str, Any]] | None) -> Check:
     """One request of one token: the server applies its chat template (and, with `tools`, its tool parser)."""
     try:
-        await llm.complete(PROBE, max_new_tokens=1, tools=tools)
+        await llm.complete(ModelRequest(PROBE, max_new_tokens=1, tools=tools))
     except LLMError as error:
         fix = ("start the server with tool calling on (vLLM: --enable-auto-tool-choice --tool-call-parser hermes; "
                "llama.cpp: --jinja), or use AGENT_MODE=react") if tools else "see the server's log"

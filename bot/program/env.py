@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 
 from bot.program.ids import IdError, parse_chat_id, parse_user_id
 from bot.program.logs import redact_token_shapes
-from db.errors import BotError
+from core.errors import BotError
 
 
 class ConfigError(BotError, ValueError):

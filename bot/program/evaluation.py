@@ -34,7 +34,7 @@ from agent.errors import LLMError, LLMTimeout
 from agent.loop import Agent
 from agent.memory import Session
 from agent.steps import TurnResult
-from db.errors import BotError
+from core.errors import BotError
 
 FAILURES = {
     "timeout": "timeout",

@@ -143,16 +143,16 @@ def build_llm(settings: Settings) -> LLM:
 
 def local_llm(settings: Settings) -> LLM:
     """The local engine, from the model and engine groups (LLM_BACKEND=local)."""
-    from agent.llm.drafts import DraftLimits
+    from agent.llm.engine.speculative import SpeculativeLimits
     from agent.llm.local import LocalLLM
 
     model, engine = settings.model, settings.engine
-    drafts = DraftLimits(per_row=engine.speculative_tokens, per_step=engine.speculative_step_tokens)
+    speculative = SpeculativeLimits(per_row=engine.speculative_tokens, per_step=engine.speculative_step_tokens)
     return LocalLLM(model.model, device_map=model.model_device_map, dtype=model.model_dtype,
                     batch_size=engine.batch_size, batch_wait_ms=engine.batch_wait_ms,
                     converted_dir=model.model_converted_dir, prefix_cache_mb=engine.prefix_cache_mb,
                     base_dir=settings.storage.data_dir, cache_dir=model.model_cache_dir,
-                    native_tools=settings.agent.agent_mode == "native", drafts=drafts)
+                    native_tools=settings.agent.agent_mode == "native", speculative=speculative)
 
 
 def openai_llm(settings: Settings) -> LLM:

@@ -1,10 +1,9 @@
 """One batch row's new text, decoded token by token as the model thread generates it (see `BatchRow.take`).
 
-Decoding a row's whole output again after every token costs O(n) per token (about 0.3 ms per token at 512 tokens
-with SmolLM2's tokenizer, measured); this keeps two offsets instead, as text-generation-inference does: each new
-token is decoded together with the few tokens before it, and only the text they add is handed on (about 0.05 ms
-per token). A token that ends inside a multi-byte character decodes to U+FFFD and waits for the next one, so a
-Chinese character is never handed on in halves.
+Decoding a row's whole output again after every token costs O(n) per token; this keeps two offsets instead, as
+text-generation-inference does: each new token is decoded together with the few tokens before it, and only the text they
+add is handed on (O(1) per token; see bench/README.md § Engine design measurements). A token that ends inside a
+multi-byte character decodes to U+FFFD and waits for the next one, so a Chinese character is never handed on in halves.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """fp32 linear layers on a CPU computing a decode step's few tokens as `weight @ inputsᵀ`.
 
 `nn.Linear` computes `inputs @ weightᵀ`. For the 1-8 tokens of a decode step, MKL (the BLAS PyTorch's CPU wheels
-use) runs that slowly where it was measured: on a 2-core AMD EPYC (AVX2), SmolLM2-135M's 211 products of a pass,
-weights out of cache as in a real pass, took 45 ms for 1 token (a matrix-vector product, on one core) and 76-99 ms
-for 2-8 tokens, so a step checking draft tokens (drafts.py) cost up to twice a plain one. The same products as
-`weight @ inputsᵀ`, which MKL streams over the weight's rows on every core: 29-47 ms for 2-8 tokens, and 1 token
-fed twice 38 ms. From 12 tokens on (prompts) the two forms are within noise of each other, or `nn.Linear` wins,
-so longer inputs keep it.
+use) runs that slowly on the CPUs we tried (a single token as a matrix-vector product, on one core), so a step
+checking speculative tokens (speculative.py) cost up to twice a plain one. The same products as `weight @ inputsᵀ`,
+which MKL streams over the weight's rows on every core, are faster; a single token is fed twice for it. From 12
+tokens on (prompts) the two forms are within noise of each other, or `nn.Linear` wins, so longer inputs keep it
+(bench/README.md § Engine design measurements).
 
 Each output is the same dot product in another summation order: within fp32 rounding of `nn.Linear`'s, as
 `nn.Linear`'s own outputs already differ in their last bits with the number of rows (MKL picks kernels by shape).
@@ -19,7 +18,7 @@ from typing import Any
 
 import torch
 
-# Products of at most this many tokens (a decode step's: rows x (1 + draft)) take `weight @ inputsᵀ`.
+# Products of at most this many tokens (a decode step's: rows x (1 + speculative tokens)) take `weight @ inputsᵀ`.
 SHORT_INPUT_TOKENS = 8
 
 

@@ -55,7 +55,7 @@ class Hit:
 MISS = Hit(None, 0)
 
 
-class PrefixCache:
+class PrefixStore:
     """The stored sequences, at most `budget_bytes` of KV; a budget of 0 keeps nothing."""
 
     def __init__(self, budget_bytes: int):

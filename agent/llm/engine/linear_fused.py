@@ -2,20 +2,16 @@
 MLP's gate and up.
 
 A decode step's products are small (1-8 rows), so in bf16 a projection costs much in its call, not its
-arithmetic: measured on a 2-core AVX-512 CPU with SmolLM2-135M's shapes (packed, cpu_linear.py), query, key and
-value took 84 µs as three products at 1 row and 36 µs as one (8 rows: 100 against 51), gate and up 87 against 59
-(131 against 101), with the weights in cache. A whole decode pass over 900 cached tokens, interleaved: 1 row
-32.6 ms against 33.9, 8 rows 46.6 against 48.2. For int8 too, stacked before quantizing (load_model): each
-quantized product also scales its input first, once for the stack instead of once a projection. On a 2-core AVX2
-CPU, the 121 int8 products of a SmolLM2-135M pass (weights out of cache) took 20-22 ms at 1 row against 26-30 and
-21-27 at 8 rows against 32-35; in one process, the bench's 8-chat rows through both models interleaved six times,
-49.8 against 47.0 tokens/s (medians). Not for fp32, whose kernels gained nothing from it (its prompts were slower).
+arithmetic: one stacked product is faster than two or three. For int8 too, stacked before quantizing (weights.py):
+each quantized product also scales its input first, once for the stack instead of once a projection. Not for fp32,
+whose kernels gained nothing from it (its prompts were slower). See bench/README.md § Engine design
+measurements.
 
 transformers' layers call each projection in turn on the same hidden states, and their forward is theirs to keep.
 So `fuse_projections` stacks the weights into one `nn.Linear` (registered on the layer, where `pack_linears`
 finds it as any other), and leaves a `ProjectionSlice` in each projection's place: the first call computes the
 stacked product, and each slice takes its own columns of it while its input is the very same tensor. Each output
-column is the same dot product as before, bit for bit (tests/test_fused_linear.py), so the tokens do not change.
+column is the same dot product as before, bit for bit (tests/test_linear_fused.py), so the tokens do not change.
 """
 
 from __future__ import annotations

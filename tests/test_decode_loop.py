@@ -1,9 +1,9 @@
-"""The decode loop with draft tokens (agent/llm/decoding.py, drafts.py) on the real offline model: the text is the
-text of one token a step, alone and in a batch, with and without a grammar; and a reply that copies from its prompt
-takes fewer passes.
+"""The decode loop with speculative tokens (agent/llm/engine/decode_loop.py, speculative.py) on the real offline
+model: the text is the text of one token a step, alone and in a batch, with and without a grammar; and a reply
+that copies from its prompt takes fewer passes.
 
 Two `LocalLLM`s on SmolLM2-135M in fp32 (exact: a step's width does not change a greedy choice there), one with
-drafts off (SPECULATIVE_TOKENS=0) and one with the defaults.
+speculative tokens off (SPECULATIVE_TOKENS=0) and one with the defaults.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest_asyncio
 
 from agent.conversations import ReactConversation, TurnRules
 from agent.grammar import GrammarLimits
-from agent.llm.drafts import DraftLimits
+from agent.llm.base import ModelRequest
+from agent.llm.engine.speculative import SpeculativeLimits
 from tests.real_model import real_model_test, started_local_llm, worker_log_watched
 
 QUESTION = "请帮我查一下：我们的大模型技术实战课程目前一共上线了多少节？"
@@ -28,13 +29,13 @@ STORY = [{"role": "user", "content": "Write a long story about a lighthouse keep
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engines(tmp_path_factory):
-    """The same model with drafts off and on (sharing one converted copy)."""
+    """The same model with speculative tokens off and on (sharing one converted copy)."""
     converted = tmp_path_factory.mktemp("converted")
-    plain = await started_local_llm(converted_dir=converted, prefix_cache_mb=64, drafts=DraftLimits(0, 0))
-    drafting = await started_local_llm(converted_dir=converted, prefix_cache_mb=64)
-    yield plain, drafting
+    plain = await started_local_llm(converted_dir=converted, prefix_cache_mb=64, speculative=SpeculativeLimits(0, 0))
+    speculating = await started_local_llm(converted_dir=converted, prefix_cache_mb=64)
+    yield plain, speculating
     await plain.close()
-    await drafting.close()
+    await speculating.close()
 
 
 @pytest.fixture(scope="module")
@@ -57,47 +58,48 @@ def passes_logged(messages: list[str]) -> list[int]:
 
 
 @real_model_test
-async def test_with_drafts_a_reply_is_the_same_and_copying_takes_fewer_passes(engines) -> None:
-    plain, drafting = engines
-    logged: dict[str, list[str]] = {"plain": [], "drafting": []}
+async def test_with_speculative_tokens_a_reply_is_the_same_and_copying_takes_fewer_passes(engines) -> None:
+    plain, speculating = engines
+    logged: dict[str, list[str]] = {"plain": [], "speculating": []}
     replies = {}
-    for name, llm in (("plain", plain), ("drafting", drafting)):
+    for name, llm in (("plain", plain), ("speculating", speculating)):
         with worker_log_watched(logged[name].append):
-            replies[name] = await llm.complete(COPYING, max_new_tokens=48)
+            replies[name] = await llm.complete(ModelRequest(COPYING, max_new_tokens=48))
             # A caller is answered as its row ends, before the batch logs its passes: the next batch comes after.
-            await llm.complete(HI, max_new_tokens=1)
-    assert replies["drafting"].text == replies["plain"].text
-    assert replies["drafting"].text.lower().count("banana") >= 5  # the reply does copy
+            await llm.complete(ModelRequest(HI, max_new_tokens=1))
+    assert replies["speculating"].text == replies["plain"].text
+    assert replies["speculating"].text.lower().count("banana") >= 5  # the reply does copy
     assert passes_logged(logged["plain"])[0] == 48
-    assert passes_logged(logged["drafting"])[0] < 0.75 * 48
+    assert passes_logged(logged["speculating"])[0] < 0.75 * 48
 
 
 @real_model_test
-async def test_in_a_batch_every_row_is_the_same_with_drafts(engines, tools) -> None:
-    plain, drafting = engines
+async def test_in_a_batch_every_row_is_the_same_with_speculative_tokens(engines, tools) -> None:
+    plain, speculating = engines
     calls = [dict(messages=second_call(tools), stop=["Observation:"], max_new_tokens=40),
              dict(messages=COPYING, max_new_tokens=40), dict(messages=STORY, max_new_tokens=40)]
-    alone = [await plain.complete(**call) for call in calls]
-    together = await asyncio.gather(*(drafting.complete(**call) for call in calls))
+    alone = [await plain.complete(ModelRequest(**call)) for call in calls]
+    together = await asyncio.gather(*(speculating.complete(ModelRequest(**call)) for call in calls))
     assert [reply.text for reply in together] == [reply.text for reply in alone]
     assert [reply.completion_tokens for reply in together] == [reply.completion_tokens for reply in alone]
 
 
 @real_model_test
-async def test_a_constrained_step_is_the_same_with_drafts(engines, tools) -> None:
-    plain, drafting = engines
+async def test_a_constrained_step_is_the_same_with_speculative_tokens(engines, tools) -> None:
+    plain, speculating = engines
     named = tuple(tool.name for tool in tools if tool.named_in(QUESTION))
     request = ReactConversation([], QUESTION, tools, TurnRules(GrammarLimits(thought_max_tokens=16), named)).request()
     call = dict(messages=request.messages, stop=request.stop, max_new_tokens=64, grammar=request.grammar)
-    plain_step, drafted_step = await plain.complete(**call), await drafting.complete(**call)
-    assert drafted_step.text == plain_step.text
-    assert "Action Input:" in drafted_step.text
+    plain_step = await plain.complete(ModelRequest(**call))
+    speculated_step = await speculating.complete(ModelRequest(**call))
+    assert speculated_step.text == plain_step.text
+    assert "Action Input:" in speculated_step.text
 
 
 @real_model_test
 @pytest.mark.parametrize("limit", [1, 2, 7])
-async def test_a_draft_never_runs_past_the_token_limit(engines, limit: int) -> None:
-    plain, drafting = engines
-    expected = await plain.complete(COPYING, max_new_tokens=limit)
-    reply = await drafting.complete(COPYING, max_new_tokens=limit)
+async def test_speculative_tokens_never_run_past_the_token_limit(engines, limit: int) -> None:
+    plain, speculating = engines
+    expected = await plain.complete(ModelRequest(COPYING, max_new_tokens=limit))
+    reply = await speculating.complete(ModelRequest(COPYING, max_new_tokens=limit))
     assert reply.completion_tokens == limit and reply.text == expected.text

@@ -1,10 +1,11 @@
-"""The decode loop of one batch: greedy steps over the batch's KV cache, each row checking a few draft tokens.
+"""The decode loop of one batch: greedy steps over the batch's KV cache, each row checking a few speculative tokens.
 
-Runs on the model thread only (see `worker.py`), called by `generate_rows` (batching.py) once the batch is laid out
-and its cache holds the reused prefixes. Our own loop rather than `model.generate`, because a step here may feed
-each row more than one token: its next token and the draft that may follow it (drafts.py). One pass computes them
-all; each row then takes the model's greedy choice position by position, for as long as the draft agrees, so the
-text is what one token a step would give. A draft's rejected positions stay in the cache as masked holes: the rows
+Runs on the model thread only (see `model_thread.py`), called by `generate_rows` (batch.py) once the batch is laid
+out and its cache holds the reused prefixes. Each step is one pass through the model (forward_pass.py, or the
+model's own forward). Our own loop rather than `model.generate`, because a step here may feed each row more than
+one token: its next token and the speculative tokens that may follow it (speculative.py). One pass computes them
+all; each row then takes the model's greedy choice position by position, for as long as the guess agrees, so the
+text is what one token a step would give. A guess's rejected positions stay in the cache as masked holes: the rows
 of a batch share their columns, so a row that took fewer tokens cannot close up; positions are counted per row.
 
 The per-row work after every pass, position by position (`Verifier`):
@@ -26,10 +27,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from agent.llm import decode_pass
-from agent.llm.attention import shared_prefix
-from agent.llm.constraints import GrammarEngine
-from agent.llm.drafts import DraftLimits
+from agent.llm.engine import forward_pass
+from agent.llm.engine.attention import shared_prefix
+from agent.llm.engine.grammar_masks import GrammarEngine
+from agent.llm.engine.speculative import SpeculativeLimits
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,14 @@ class Decoding:
     pad_id: int
     min_new_tokens: int = 0
     grammars: GrammarEngine | None = None
-    drafts: DraftLimits = DraftLimits()
+    speculative: SpeculativeLimits = SpeculativeLimits()
     should_pause: Callable[[], bool] = lambda: False
     on_finished: Callable[[Any], None] = lambda row: None
 
 
 def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: torch.Tensor, cached: int,
            cache: Any, room: int, shared: int = 0) -> torch.Tensor:
-    """Generate for `rows` (batching.py's `BatchRow`) until every one has ended or the batch pauses; returns the
+    """Generate for `rows` (batch.py's `BatchRow`) until every one has ended or the batch pauses; returns the
     final attention mask, whose ones are the columns of the cache holding each row's tokens.
 
     `input_ids`/`mask` are the laid-out batch (`[reused prefix][padding][own tokens]`); the cache holds its first
@@ -62,22 +63,23 @@ def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: to
                      **same)
     Verifier(run, rows).take(first, [[] for _ in rows])
     positions = mask.sum(dim=1)  # each row's newest token comes right after its prompt
-    passes, drafted, agreed = 1, 0, 0
+    passes, offered, agreed = 1, 0, 0
     while any(not row.finished for row in rows) and not run.should_pause():
-        drafts = _drafts(run, rows, room - mask.shape[1])
-        width = 1 + max(map(len, drafts))
-        ids, fed = _step_inputs(rows, drafts, width, run.pad_id, mask.device)
+        guesses = _speculate(run, rows, room - mask.shape[1])
+        width = 1 + max(map(len, guesses))
+        ids, fed = _step_inputs(rows, guesses, width, run.pad_id, mask.device)
         mask = torch.cat([mask, fed], dim=1)
         logits = _forward(run.model, ids, mask, positions[:, None] + torch.arange(width, device=mask.device), cache,
                           keep=width, **same)
-        taken = Verifier(run, rows).take(logits, drafts)
-        for index, count in enumerate(taken):  # a draft's rejected positions become holes
+        taken = Verifier(run, rows).take(logits, guesses)
+        for index, count in enumerate(taken):  # a guess's rejected positions become holes
             mask[index, mask.shape[1] - width + count:] = 0
-            rows[index].draft_length.judge(len(drafts[index]), count - 1, run.drafts.per_row)
+            rows[index].speculative_length.judge(len(guesses[index]), count - 1, run.speculative.per_row)
         positions += torch.tensor(taken, device=mask.device)
-        passes, drafted = passes + 1, drafted + sum(map(len, drafts))
+        passes, offered = passes + 1, offered + sum(map(len, guesses))
         agreed += sum(max(0, count - 1) for count in taken)
-    log.debug("decoded %d rows in %d passes: %d draft tokens checked, %d taken", len(rows), passes, drafted, agreed)
+    log.debug("decoded %d rows in %d passes: %d speculative tokens checked, %d taken", len(rows), passes, offered,
+              agreed)
     return mask
 
 
@@ -95,45 +97,46 @@ def _forward(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch
              keep: int, **attention: Any) -> torch.Tensor:
     """One pass over `ids` (appended to the cache): the scores of its last `keep` columns, as float32.
     `attention`: keywords for the attention function (attention.py's `shared_prefix`). A decode step of a model
-    whose forward decode_pass.py mirrors runs there, with the same scores and fewer calls."""
-    if decode_pass.fits(model, cache, ids.shape[1]):
-        return decode_pass.decode_pass(model, ids, mask, positions, cache, keep, **attention)
+    whose forward forward_pass.py mirrors runs there, with the same scores and fewer calls."""
+    if forward_pass.fits(model, cache, ids.shape[1]):
+        return forward_pass.decode_pass(model, ids, mask, positions, cache, keep, **attention)
     output = model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_argument(model): cache},
                    use_cache=True, logits_to_keep=keep, **attention)
     return output.logits.float()
 
 
-def _drafts(run: Decoding, rows: Sequence[Any], free_columns: int) -> list[list[int]]:
-    """Each live row's draft: as long as the limits allow, and never so long that the cache's room could run out
-    before the longest row's token limit (a step uses 1 + the longest draft columns, and takes at least 1)."""
+def _speculate(run: Decoding, rows: Sequence[Any], free_columns: int) -> list[list[int]]:
+    """Each live row's speculative tokens: as many as the limits allow, and never so many that the cache's room
+    could run out before the longest row's token limit (a step uses 1 + the longest guess columns, and takes at
+    least 1)."""
     live = [row for row in rows if not row.finished]
     needed = max(row.max_new_tokens - len(row.new_ids) for row in live)
-    limit = min(run.drafts.for_rows(len(live)), max(0, free_columns - needed))
-    return [row.draft(min(limit, row.max_new_tokens - len(row.new_ids) - 1)) if not row.finished else []
+    limit = min(run.speculative.for_rows(len(live)), max(0, free_columns - needed))
+    return [row.speculate(min(limit, row.max_new_tokens - len(row.new_ids) - 1)) if not row.finished else []
             for row in rows]
 
 
-def _step_inputs(rows: Sequence[Any], drafts: list[list[int]], width: int, pad_id: int,
+def _step_inputs(rows: Sequence[Any], guesses: list[list[int]], width: int, pad_id: int,
                  device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's tokens, `[newest token][draft][padding]` per row, and their mask (ended rows feed nothing)."""
+    """The step's tokens, `[newest token][guess][padding]` per row, and their mask (ended rows feed nothing)."""
     ids, fed = [], []
-    for row, draft in zip(rows, drafts):
-        tokens = [] if row.finished else [row.new_ids[-1], *draft]  # a live row has taken a token by now
+    for row, guess in zip(rows, guesses):
+        tokens = [] if row.finished else [row.new_ids[-1], *guess]  # a live row has taken a token by now
         ids.append(tokens + [pad_id] * (width - len(tokens)))
         fed.append([1] * len(tokens) + [0] * (width - len(tokens)))
     return torch.tensor(ids, device=device), torch.tensor(fed, device=device, dtype=torch.long)
 
 
 class Verifier:
-    """One pass's choices: each live row takes the greedy token at each position, while its draft agrees."""
+    """One pass's choices: each live row takes the greedy token at each position, while its guess agrees."""
 
     def __init__(self, run: Decoding, rows: Sequence[Any]):
         self.run = run
         self.rows = rows
 
-    def take(self, logits: torch.Tensor, drafts: Sequence[Sequence[int]]) -> list[int]:
+    def take(self, logits: torch.Tensor, guesses: Sequence[Sequence[int]]) -> list[int]:
         """Let every live row take its tokens from `logits` ([rows, positions, vocabulary]); returns, per row, how
-        many of the fed columns hold its tokens (its newest token, and the draft tokens it agreed with)."""
+        many of the fed columns hold its tokens (its newest token, and the speculative tokens it agreed with)."""
         taken = [0] * len(self.rows)
         going = [index for index, row in enumerate(self.rows) if not row.finished]
         plain = logits.argmax(dim=-1).tolist()  # every position's choice where nothing masks it: one call
@@ -141,7 +144,7 @@ class Verifier:
             if not going:
                 break
             choices = self._choose(logits[:, position], going, [best[position] for best in plain])
-            going = [index for index in going if self._accept(index, choices[index], drafts[index], position,
+            going = [index for index in going if self._accept(index, choices[index], guesses[index], position,
                                                               taken)]
         return taken
 
@@ -169,7 +172,7 @@ class Verifier:
             self.run.grammars.mask(scores, [(index, self.rows[index].constraint) for index in going
                                             if self.rows[index].constraint is not None])
 
-    def _accept(self, index: int, token: int, draft: Sequence[int], position: int, taken: list[int]) -> bool:
+    def _accept(self, index: int, token: int, guess: Sequence[int], position: int, taken: list[int]) -> bool:
         """Row `index` takes `token` at `position`; whether it goes on to the next position."""
         row = self.rows[index]
         taken[index] = position + 1  # the column fed at this position holds one of its tokens
@@ -177,4 +180,4 @@ class Verifier:
         if row.finished:
             self.run.on_finished(row)
             return False
-        return position < len(draft) and draft[position] == token
+        return position < len(guess) and guess[position] == token

@@ -1,15 +1,15 @@
-"""Draft tokens from a row's own context (prompt lookup): what came after the last time its newest tokens appeared.
+"""Speculative tokens from a row's own context (prompt lookup): what came after the last time its newest tokens
+appeared.
 
 An agent's replies copy a lot from their prompt: tool names, argument values, the numbers of an observation, the
 format's own words. When the last few tokens of a row occurred earlier in its prompt or output, the tokens that
-followed them then are a good guess for what follows now. The decode loop (decoding.py) feeds such a guess beside
+followed them then are a good guess for what follows now. The decode loop (decode_loop.py) feeds such a guess beside
 the row's next token and checks it in the same forward pass: on a CPU a pass reads every weight once whether it
 computes one token or six, so every guessed token the model agrees with is a token for free. The check takes the
 model's own greedy choice at every position, so the output is the one plain decoding gives.
 
-Measured on the benchmark's ReAct prompts with SmolLM2-135M on 2 CPU cores: 1.86-2.17 tokens per pass with up to 5
-guessed; a turn for one chat 4.91 -> 4.18 s, 8 chats 46.3 -> 54.2 tokens/s (bench/README.md). Settings:
-SPECULATIVE_TOKENS (`DraftLimits.per_row`) and SPECULATIVE_STEP_TOKENS (`per_step`).
+On the benchmark's ReAct prompts about two tokens a pass are taken (bench/README.md § Engine design measurements).
+Settings: SPECULATIVE_TOKENS (`SpeculativeLimits.per_row`) and SPECULATIVE_STEP_TOKENS (`per_step`).
 """
 
 from __future__ import annotations
@@ -19,45 +19,44 @@ from typing import Sequence
 
 
 @dataclass(frozen=True)
-class DraftLimits:
-    """How many draft tokens a step may check: per row, and for the whole batch.
+class SpeculativeLimits:
+    """How many speculative tokens a step may check: per row, and for the whole batch.
 
     On a CPU a pass over one row costs about the same for 1 token as for 6 (the weights are read once either
     way), but a batch of 8 rows already computes 8 tokens a pass, and more cost nearly in proportion: so the rows
-    share `per_step` tokens (their next tokens included) and a full batch checks no drafts at all.
+    share `per_step` tokens (their next tokens included) and a full batch checks none at all.
     """
 
     per_row: int = 5
     per_step: int = 8
 
     def for_rows(self, live: int) -> int:
-        """The draft tokens each of `live` rows may check in one pass."""
+        """The speculative tokens each of `live` rows may check in one pass."""
         return max(0, min(self.per_row, self.per_step // max(live, 1) - 1))
 
 
-class DraftLength:
-    """How long one row's next draft may be, moved by how its drafts fare: two longer after a draft the model took
-    whole, one shorter (down to 1) after one it cut short (the schedule transformers' assisted generation calls
+class SpeculativeLength:
+    """How many speculative tokens one row may offer next, moved by how its guesses fare: two more after a guess the
+    model took whole, one fewer (down to 1) after one it cut short (the schedule transformers' assisted generation calls
     "heuristic").
 
-    A rejected draft costs its columns in the pass that checked it, and stays in the batch's cache as a masked hole
-    that every later step's attention reads (batching.py's DRAFT_ROOM bounds them). Measured on the benchmark's
-    1-chat calls (SmolLM2-135M, 2 AVX2 cores, 36 calls of 32 tokens, interleaved): a fixed 5 ran ~8 long drafts
-    a call, filled the room their holes may take, then passed one token at a time: 823 passes, 136.7 s in fp32;
-    this schedule 656 passes, 129.4 s (int8: 623 -> 524 passes, 72.0 -> 65.0 s; no drafts: 114.1 s).
+    A rejected guess costs its columns in the pass that checked it, and stays in the batch's cache as a masked hole
+    that every later step's attention reads (batch.py's SPECULATIVE_ROOM bounds them). A fixed length fills the
+    room their holes may take within a few long guesses, then passes one token at a time; this schedule takes
+    fewer passes and less time (bench/README.md).
     """
 
     def __init__(self) -> None:
-        self.value: int | None = None  # None until the row's first draft: then as long as allowed
+        self.value: int | None = None  # None until the row's first guess: then as long as allowed
 
     def clamp(self, limit: int) -> int:
-        """The length the row's next draft may have, where the step allows `limit`."""
+        """The length the row's next guess may have, where the step allows `limit`."""
         if self.value is None:
             self.value = limit
         return min(limit, self.value)
 
     def judge(self, offered: int, agreed: int, most: int) -> None:
-        """The model agreed with `agreed` of the `offered` draft tokens; `most` is the longest a draft may be."""
+        """The model agreed with `agreed` of the `offered` speculative tokens; `most` is the longest a guess may be."""
         if offered and self.value is not None:
             self.value = min(most, self.value + 2) if agreed >= offered else max(1, self.value - 1)
 
@@ -66,7 +65,7 @@ class DraftLength:
 NGRAM_MAX = 3
 
 
-class DraftIndex:
+class PromptLookup:
     """Where each run of 1..NGRAM_MAX tokens of one row's context last ended, kept up to date as tokens come."""
 
     def __init__(self, tokens: Sequence[int]):

@@ -1,22 +1,20 @@
 """A decode step's pass through a Llama- or Qwen2-shaped model on the CPU, without transformers' forward around
 its modules: the same modules and functions called in the same order, so the same scores bit for bit.
 
-A decode step of a small model on a CPU is mostly the cost of its calls, not of its arithmetic: SmolLM2-135M's step
-of 8 rows runs some 1,600 operations, and a model of the same 30 layers with hidden size 64, which has almost no
-arithmetic, took 34 ms a step (fp32) against ~90 for the real one (int8) on a 2-core AVX2 CPU. transformers' forward
-adds its own to every layer: keyword plumbing, output records, the mask built through its mask interface, each
+A decode step of a small model on a CPU is mostly the cost of its calls, not of its arithmetic (some 1,600
+operations a step of 8 rows for SmolLM2-135M; see bench/README.md § Engine design measurements). transformers'
+forward adds its own to every layer: keyword plumbing, output records, the mask built through its mask interface, each
 projection a module call. Here, a pass per step:
 
-- builds the boolean mask itself (a row's padding and draft holes hidden, its newest columns causal), which is
-  what transformers' `sdpa_mask` gives the attention, or what the decode attention builds when given none;
-- takes the stacked query/key/value and gate/up products in one call each (fused_linear.py: what the slices would
+- builds the boolean mask itself (a row's padding and rejected guesses' holes hidden, its newest columns causal),
+  which is what transformers' `sdpa_mask` gives the attention, or what the decode attention builds when given none;
+- takes the stacked query/key/value and gate/up products in one call each (linear_fused.py: what the slices would
   take columns of), and rotates query and key heads together in one product, their halves swapped by one `roll`
   (`(-x2, x1) * sin` is `(x2, x1) * (-sin1, sin2)` exactly: a sign, not a rounding);
-- calls the decode attention (attention.py) and the cache's layers (batch_kv.py) directly, and each layer's
+- calls the decode attention (attention.py) and the cache's layers (kv_cache.py) directly, and each layer's
   modules through calls looked up once (`LayerPlan`).
 
-SmolLM2-135M in int8, 8 rows over a 715-column shared prefix and 180 own columns each, 100 steps interleaved: 74
-ms a step (median) against 91 through the model's forward; with 60 own columns 65 against 86. Only where every
+A step through this pass is faster than through the model's forward (bench/README.md). Only where every
 piece is the one mirrored here (`fits`): other models, the GPU (sdpa), sliding windows, offloading hooks and
 prompts (whose many tokens make the calls' cost small) keep transformers' forward.
 """
@@ -28,8 +26,9 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from agent.llm.attention import NAME, SHORT_QUERY, decode_attention
-from agent.llm.batch_kv import RoomyLayer
+from agent.llm.engine.attention import NAME, SHORT_QUERY, decode_attention
+from agent.llm.engine.internals import attention_implementation, has_hooks, int8_product, on_checked_path
+from agent.llm.engine.kv_cache import RoomyLayer
 
 # The model classes whose forward this pass mirrors: the same layer, attention and MLP code (Qwen2 adds biases
 # to query, key and value, which the linear layers carry, and per-layer sliding windows, which `fits` rules out).
@@ -44,7 +43,9 @@ RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm"}
 def fits(model: Any, cache: Any, width: int) -> bool:
     """Whether a pass of `width` tokens per row through `model` over `cache` may run here rather than through the
     model's forward."""
-    if width > SHORT_QUERY or getattr(model.config, "_attn_implementation", None) != NAME or model.training:
+    if width > SHORT_QUERY or attention_implementation(model) != NAME or model.training:
+        return False
+    if not on_checked_path(model):  # a check at load failed (internals.py): the model's forward
         return False
     return all(type(layer) is RoomyLayer for layer in cache.layers) and bool(_plans(model))
 
@@ -57,8 +58,7 @@ def _plain_layers(model: Any) -> bool:
     base = getattr(model, "model", None)
     if layer_class is None or base is None or len(base.layers) != model.config.num_hidden_layers:
         return False
-    hooked = any(hasattr(module, "_hf_hook") or module._forward_hooks or module._forward_pre_hooks
-                 for module in model.modules())
+    hooked = any(has_hooks(module) for module in model.modules())
     return not hooked and all(type(layer).__name__ == layer_class
                               and getattr(layer.self_attn, "sliding_window", None) is None
                               for layer in base.layers)
@@ -66,7 +66,7 @@ def _plain_layers(model: Any) -> bool:
 
 def decode_pass(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, keep: int,
                 **attention: Any) -> torch.Tensor:
-    """What `model(...)` gives for these inputs as decoding.py's `_forward` calls it: the scores of the last `keep`
+    """What `model(...)` gives for these inputs as decode_loop.py's `_forward` calls it: the scores of the last `keep`
     columns, as float32. `mask` is the batch's [rows, columns] mask with the pass's own columns last; `attention`:
     keywords for the decode attention (`shared_prefix`)."""
     base = model.model
@@ -83,7 +83,7 @@ def decode_pass(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: to
 class LayerPlan(NamedTuple):
     """One decoder layer's calls, looked up once (a step would otherwise find each module through attribute
     lookups, and call it through `nn.Module.__call__`): each the most direct exact call there is (`_product`,
-    `_norm`). With the stacked products (fused_linear.py), their columns: query and key up to `key_end`, value
+    `_norm`). With the stacked products (linear_fused.py), their columns: query and key up to `key_end`, value
     `value_start:value_end`; gate up to `gate_end`, up after it."""
 
     attn: Any
@@ -133,15 +133,9 @@ def _layer_plan(layer: Any, in_float32: bool) -> LayerPlan:
 
 
 def _product(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`module`'s forward; for an int8 layer of `quantize_int8` (local.py), the quantized product its forward makes,
-    called directly (its forward only picks it, and casts float32 to float32)."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
-
-    if (type(module) is DynamicInt8Linear and module._packed_params.dtype == torch.qint8
-            and (module.version or 0) >= 4):
-        packed = module._packed_params._packed_params
-        return lambda inputs: torch.ops.quantized.linear_dynamic(inputs, packed, reduce_range=True)
-    return module
+    """`module`'s forward; for an int8 layer of `quantize_int8` (linear_int8.py), the quantized product its forward
+    makes, called directly (internals.py's `int8_product`)."""
+    return int8_product(module) or module
 
 
 def _norm(module: Any, in_float32: bool) -> Callable[[torch.Tensor], torch.Tensor]:

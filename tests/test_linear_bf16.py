@@ -1,4 +1,4 @@
-"""bf16 linear layers with their weights laid out once (agent/llm/cpu_linear.py): the same outputs, bit for bit."""
+"""bf16 linear layers with their weights laid out once (engine/linear_bf16.py): the same outputs, bit for bit."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agent.llm.cpu_linear import PackedLinear, pack_linears, packing_available
+from agent.llm.engine.linear_bf16 import PackedLinear, pack_linears, packing_available
 
 # The packed kernel needs bf16 support in oneDNN (avx512bw/vl/dq or avx_ne_convert); on other CPUs (AVX2 only)
 # `pack_linears` must leave every layer as it is, and the model must generate what it did.
@@ -18,7 +18,7 @@ PACKED = 2 * 7 + 1 if CAN_PACK else 0  # q, k, v, o, gate, up, down per layer, a
 def test_a_packed_layer_computes_what_the_linear_layer_computes() -> None:
     torch.manual_seed(1)
     linear = torch.nn.Linear(96, 40, bias=True, dtype=torch.bfloat16)
-    for shape in ((1, 1, 96), (3, 7, 96), (200, 96)):  # a decode step, a draft check, a prompt
+    for shape in ((1, 1, 96), (3, 7, 96), (200, 96)):  # a decode step, a speculative check, a prompt
         inputs = torch.randn(*shape, dtype=torch.bfloat16)
         with torch.inference_mode():
             assert torch.equal(PackedLinear(linear)(inputs), linear(inputs))

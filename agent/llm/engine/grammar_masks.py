@@ -3,14 +3,14 @@
     GrammarEngine     once per model: llguidance's view of the tokenizer and a thread pool for masks
     RowGrammar        one row's matcher: it takes each token the row generates, and knows if it failed
 
-The decode loop (decoding.py) fills the masks of all constrained rows of a batch in one call before each token
+The decode loop (decode_loop.py) fills the masks of all constrained rows of a batch in one call before each token
 (`GrammarEngine.fill_masks`, llguidance's `fill_next_token_bitmask_par`) and applies them; a row without a grammar,
 or one that has ended, is left exactly as it was.
 
 A token the mask allowed is always accepted by the matcher; should it ever not be (a bug, or a forced token such as
 the end-of-turn token the benchmark's `min_new_tokens` bans), the row goes on unconstrained and the reason is
 logged and kept: its reply is then parsed like any other, and a parse failure is the model's error as usual.
-Runs on the model thread only (see `worker.py`).
+Runs on the model thread only (see `model_thread.py`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ class RowGrammar:
         """Whether the grammar still masks this row."""
         return not self.failure
 
-    def draft(self, guess: list[int]) -> list[int]:
+    def allowed_ahead(self, guess: list[int]) -> list[int]:
         """What the row may check ahead: the tokens the grammar forces next (an action's `Action Input: `, a
-        JSON key), else the part of `guess` (drafts.py) the grammar would accept; `guess` once it has failed."""
+        JSON key), else the part of `guess` (speculative.py) the grammar would accept; `guess` once it has failed."""
         if self.failure:
             return guess
         forced = self.matcher.compute_ff_tokens()

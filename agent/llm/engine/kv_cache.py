@@ -3,13 +3,13 @@ time.
 
 transformers' `DynamicLayer` concatenates each step's keys and values onto the whole cache, so a step copies every
 row's full KV (and allocates it anew). With the long ReAct prompts of this bot that copy is what a batch spends its
-time on: 11 rows of ~1,400 tokens move ~700 MB a step on SmolLM2-135M, a third of the model thread's time in the
-eval's profile, and the same again when a paused batch was rebuilt. Here a layer grows by `GROWTH_COLUMNS` when a
+time on (hundreds of MB a step: bench/README.md § Engine design measurements), and the same again when a paused
+batch is rebuilt. Here a layer grows by `GROWTH_COLUMNS` when a
 step needs more room, one copy every dozens of steps. Not the whole generation's room at once: the CPU decode
 attention reads the whole tensor, filled or not, when its spare columns are few (attention.py), and most replies
 end long before their token limit.
 
-Runs on the model thread only (see `worker.py`).
+Runs on the model thread only (see `model_thread.py`).
 """
 
 from __future__ import annotations
@@ -20,20 +20,21 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agent.llm.prefix_cache import Hit
+from agent.llm.engine.internals import CacheLayer, on_checked_path
+from agent.llm.engine.prefix_store import Hit, Layers
 
 
-# Columns a layer's tensors grow by: a copy of the batch's KV every 128 columns (a dozen or more steps, drafts
-# included), and at most 128 spare columns for the decode attention to read (a tenth of a ReAct prompt's).
+# Columns a layer's tensors grow by: a copy of the batch's KV every 128 columns (a dozen or more steps, speculative
+# tokens included), and at most 128 spare columns for the decode attention to read (a tenth of a ReAct prompt's).
 GROWTH_COLUMNS = 128
-# A model attribute naming the dtype its batch caches hold KV in, where not its own (local.py: int8 on bf16 CPUs).
+# A model attribute naming the dtype its batch caches hold KV in, where not its own (weights.py: int8 on bf16 CPUs).
 KV_DTYPE = "qwenbot_kv_dtype"
 # Below this many columns the same in every row, the decode attention reads each row's own (`shared_columns`):
 # reading a short prefix once saves less than the split attention's extra products cost.
 MIN_SHARED_COLUMNS = 128
 
 
-class RoomyLayer(DynamicLayer):
+class RoomyLayer(CacheLayer):
     """One layer's KV for a batch, in tensors with room for `room` columns, grown when a step needs more;
     `keys`/`values` are views of the columns filled so far, as `DynamicLayer` would hold them."""
 
@@ -43,7 +44,7 @@ class RoomyLayer(DynamicLayer):
         self.kv_dtype = dtype  # None: the model's own
         self.length = 0  # columns filled
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def open_like(self, key_states: torch.Tensor) -> None:
         self.open(key_states.shape[0], key_states.shape[1], key_states.shape[3], key_states)
 
     def open(self, batch: int, heads: int, head_dim: int, like: torch.Tensor) -> None:
@@ -58,7 +59,7 @@ class RoomyLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+            self.open_like(key_states)
         end = self.length + key_states.shape[-2]
         if end > self._keys.shape[-2]:
             self._grow(end)
@@ -85,26 +86,54 @@ class RoomyLayer(DynamicLayer):
 
 def batch_cache(model: Any, hits: Sequence[Hit], cached: int, width: int, new_tokens: int) -> DynamicCache:
     """The batch's cache: room for `width` prompt columns and up to `new_tokens` more (growing past them when
-    needed); each row's reused prefix (`hits`) in the first `cached` columns, zeros (masked) after it."""
+    needed); each row's reused prefix (`hits`) in the first `cached` columns, zeros (masked) after it. A model
+    whose checks failed at load (internals.py) gets transformers' own layers, holding the same."""
     cache = DynamicCache(config=model.config)
     room = width + min(new_tokens, GROWTH_COLUMNS)
-    # Other layer kinds (sliding windows) keep transformers' own behaviour.
     dtype = getattr(model, KV_DTYPE, None)
-    cache.layers = [RoomyLayer(room, dtype) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if on_checked_path(model):  # other layer kinds (sliding windows) keep transformers' own behaviour
+        cache.layers = [RoomyLayer(room, dtype) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     if not cached:
         return cache
     donor = next(hit for hit in hits if hit.length).layers()
     for index, layer in enumerate(cache.layers):
         keys, _ = donor[index]
-        target = layer if isinstance(layer, RoomyLayer) else RoomyLayer(cached, dtype)
-        target.open(len(hits), keys.shape[1], keys.shape[3], keys)
-        for row, hit in enumerate(hits):
-            if hit.length:
-                own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
-                target.fill(row, own_keys[:, :, : hit.length], own_values[:, :, : hit.length])
-        target.filled(cached)
-        if target is not layer:
-            layer.update(target.keys, target.values)
+        if isinstance(layer, RoomyLayer):
+            layer.open(len(hits), keys.shape[1], keys.shape[3], keys)
+            _fill_prefixes(layer, hits, index)
+            layer.filled(cached)
+        else:
+            layer.update(*_prefix_block(hits, index, cached, keys, dtype))
+    return cache
+
+
+def _fill_prefixes(layer: RoomyLayer, hits: Sequence[Hit], index: int) -> None:
+    for row, hit in enumerate(hits):
+        if hit.length:
+            own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
+            layer.fill(row, own_keys[:, :, : hit.length], own_values[:, :, : hit.length])
+
+
+def _prefix_block(hits: Sequence[Hit], index: int, cached: int, like: torch.Tensor,
+                  dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer `index`'s reused prefixes as one block of `cached` columns ([rows, heads, cached, head_dim]), zeros
+    where a row's prefix is shorter, for a layer of transformers' own."""
+    shape = (len(hits), like.shape[1], cached, like.shape[3])
+    keys, values = like.new_zeros(shape, dtype=dtype or like.dtype), like.new_zeros(shape, dtype=dtype or like.dtype)
+    for row, hit in enumerate(hits):
+        if hit.length:
+            own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
+            keys[row, :, : hit.length] = own_keys[0, :, : hit.length]
+            values[row, :, : hit.length] = own_values[0, :, : hit.length]
+    return keys, values
+
+
+def cache_holding(model: Any, layers: Layers) -> DynamicCache:
+    """A cache of transformers' own for `model` holding `layers` (per layer: keys and values), to compute more
+    tokens after them."""
+    cache = DynamicCache(config=model.config)
+    for index, (keys, values) in enumerate(layers):
+        cache.update(keys, values, index)
     return cache
 
 

@@ -14,10 +14,12 @@ import pytest
 import pytest_asyncio
 import torch
 
-from agent.llm.batch_kv import batch_cache
-from agent.llm.batching import cache_argument, lay_out
-from agent.llm.local import LocalLLM, converted_folder, load_model, resolve_model
-from agent.llm.prefix_cache import Hit, PrefixCache
+from agent.llm.base import ModelRequest
+from agent.llm.engine.kv_cache import batch_cache
+from agent.llm.engine.batch import cache_argument, lay_out
+from agent.llm.engine.loading import converted_folder, load_model, resolve_model
+from agent.llm.local import LocalLLM
+from agent.llm.engine.prefix_store import Hit, PrefixStore
 from agent.conversations import ReactConversation, TurnRules
 from tests.real_model import GGUF, real_model_test, worker_log_watched
 from tools.calculator import CALCULATOR
@@ -33,7 +35,7 @@ def kv(length: int, width: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
 # --- the store -------------------------------------------------------------------------------------------------
 
 def test_the_longest_shared_prefix_is_found_and_the_last_prompt_token_is_left_to_compute() -> None:
-    store = PrefixCache(budget_bytes=1 << 20)
+    store = PrefixStore(budget_bytes=1 << 20)
     store.put([1, 2, 3, 4, 5], kv(5))
     store.put([1, 2, 9], kv(3))
     assert store.longest([1, 2, 3, 7]).length == 3
@@ -45,7 +47,7 @@ def test_the_longest_shared_prefix_is_found_and_the_last_prompt_token_is_left_to
 
 
 def test_a_sequence_that_grows_replaces_its_own_prefix() -> None:
-    store = PrefixCache(budget_bytes=1 << 20)
+    store = PrefixStore(budget_bytes=1 << 20)
     store.put([1, 2, 3], kv(3))
     store.put([1, 2, 3, 4, 5], kv(5))
     store.put([1, 2, 3, 4, 5, 6, 7], kv(7))
@@ -54,7 +56,7 @@ def test_a_sequence_that_grows_replaces_its_own_prefix() -> None:
 
 def test_a_hundred_conversations_stay_within_the_budget_and_the_recent_ones_are_kept() -> None:
     one_entry = sum(k.nelement() * 4 + v.nelement() * 4 for k, v in kv(40))
-    store = PrefixCache(budget_bytes=10 * one_entry)
+    store = PrefixStore(budget_bytes=10 * one_entry)
     system = list(range(1000, 1030))
     for turn in range(100):
         first = system + [turn, turn + 1]
@@ -68,10 +70,10 @@ def test_a_hundred_conversations_stay_within_the_budget_and_the_recent_ones_are_
 
 
 def test_an_entry_larger_than_the_budget_is_not_kept_and_a_zero_budget_keeps_nothing() -> None:
-    store = PrefixCache(budget_bytes=100)
+    store = PrefixStore(budget_bytes=100)
     store.put(list(range(50)), kv(50))
     assert len(store) == 0
-    off = PrefixCache(budget_bytes=0)
+    off = PrefixStore(budget_bytes=0)
     off.put([1, 2, 3], kv(3))
     assert len(off) == 0 and off.longest([1, 2, 3, 4]).length == 0
 
@@ -109,8 +111,8 @@ async def test_the_first_start_converts_the_gguf_and_the_second_loads_the_conver
     folder = converted_folder(resolve_model(str(GGUF)), torch.float32, converted)
     assert folder is not None and (folder / "converted.ok").is_file() and (folder / "config.json").is_file()
     assert [path.name for path in converted.iterdir()] == [folder.name]  # no half-written copy left behind
-    reply = await cached.complete([{"role": "user", "content": "What is the capital of France?"}],
-                                  max_new_tokens=8)
+    reply = await cached.complete(ModelRequest([{"role": "user", "content": "What is the capital of France?"}],
+                                               max_new_tokens=8))
     assert reply.text.startswith("The capital of France is")  # the converted copy is the same model
 
 
@@ -120,9 +122,9 @@ async def test_outputs_with_the_cache_equal_outputs_without_it_and_the_prompt_is
     results = {}
     for name, llm in (("plain", plain), ("cached", cached)):
         first = react_turn("What is 12 * 7?")
-        one = await llm.complete(first, stop=STOP, max_new_tokens=24)
-        two = await llm.complete(continued(first, one.text, "84"), stop=STOP, max_new_tokens=24)
-        other = await llm.complete(react_turn("What is 3 + 5?"), stop=STOP, max_new_tokens=24)
+        one = await llm.complete(ModelRequest(first, stop=STOP, max_new_tokens=24))
+        two = await llm.complete(ModelRequest(continued(first, one.text, "84"), stop=STOP, max_new_tokens=24))
+        other = await llm.complete(ModelRequest(react_turn("What is 3 + 5?"), stop=STOP, max_new_tokens=24))
         results[name] = [one, two, other]
     assert [c.text for c in results["cached"]] == [c.text for c in results["plain"]]
     one, two, other = results["cached"]
@@ -138,9 +140,11 @@ async def test_a_chats_next_turn_computes_only_its_new_text_when_the_tools_lead_
     """REACT_LAYOUT=system: the next turn's prompt is the last one's up to its answer, then the answer and the new
     question; with Qwen's layout the instructions and tools follow the history, so they are computed again."""
     _, cached, _ = backends
-    first = await cached.complete(react_turn("What is 12 * 7?", layout=layout), stop=STOP, max_new_tokens=8)
+    first = await cached.complete(ModelRequest(react_turn("What is 12 * 7?", layout=layout), stop=STOP,
+                                               max_new_tokens=8))
     history = ({"role": "user", "content": "What is 12 * 7?"}, {"role": "assistant", "content": "84"})
-    second = await cached.complete(react_turn("And 84 / 2?", history, layout), stop=STOP, max_new_tokens=8)
+    second = await cached.complete(ModelRequest(react_turn("And 84 / 2?", history, layout), stop=STOP,
+                                                max_new_tokens=8))
     computed = second.prompt_tokens - second.cached_tokens
     if layout == "system":
         assert computed <= 0.25 * second.prompt_tokens
@@ -152,9 +156,9 @@ async def test_a_chats_next_turn_computes_only_its_new_text_when_the_tools_lead_
 @real_model_test
 async def test_the_prefix_two_new_chats_share_is_computed_once_and_counted_once(backends) -> None:
     _, cached, _ = backends
-    cached._worker.prefix_cache = store = PrefixCache(64 << 20)  # nothing known yet
+    cached._thread.prefix_store = store = PrefixStore(64 << 20)  # nothing known yet
     questions = ("What is 2 + 2?", "What is 9 - 4?")
-    first, second = await asyncio.gather(*(cached.complete(react_turn(q), stop=STOP, max_new_tokens=4)
+    first, second = await asyncio.gather(*(cached.complete(ModelRequest(react_turn(q), stop=STOP, max_new_tokens=4))
                                            for q in questions))
     assert store.computed_tokens + store.reused_tokens == first.prompt_tokens + second.prompt_tokens
     low, high = sorted([first, second], key=lambda c: c.cached_tokens)
@@ -168,15 +172,18 @@ async def test_chats_at_once_read_the_tools_prompt_once_a_step_and_answer_as_wit
     whole batch (attention.py). First calls reuse one stored entry; second calls their own, checked equal."""
     plain, cached, _ = backends
     questions = ("What is 12 * 7?", "What is 3 + 5?", "What is 81 / 9?")
-    await cached.complete(react_turn("What is 1 + 1?"), stop=STOP, max_new_tokens=2)  # the tools prompt stored
+    # the tools prompt stored
+    await cached.complete(ModelRequest(react_turn("What is 1 + 1?"), stop=STOP, max_new_tokens=2))
     results = {}
     logged: list[str] = []
     with worker_log_watched(logged.append):
         for name, llm in (("plain", plain), ("cached", cached)):
             firsts = [react_turn(question) for question in questions]
-            ones = await asyncio.gather(*(llm.complete(first, stop=STOP, max_new_tokens=16) for first in firsts))
-            twos = await asyncio.gather(*(llm.complete(continued(first, one.text, "42"), stop=STOP,
-                                                       max_new_tokens=16) for first, one in zip(firsts, ones)))
+            ones = await asyncio.gather(*(llm.complete(ModelRequest(first, stop=STOP, max_new_tokens=16))
+                                          for first in firsts))
+            twos = await asyncio.gather(*(llm.complete(ModelRequest(continued(first, one.text, "42"), stop=STOP,
+                                                                    max_new_tokens=16))
+                                          for first, one in zip(firsts, ones)))
             results[name] = [reply.text for reply in (*ones, *twos)]
     assert results["cached"] == results["plain"]
     shared = [int(found[1]) for message in logged
@@ -188,12 +195,13 @@ async def test_chats_at_once_read_the_tools_prompt_once_a_step_and_answer_as_wit
 @real_model_test
 async def test_a_hundred_turns_keep_the_cache_within_its_budget(backends) -> None:
     _, cached, _ = backends
-    store = cached._worker.prefix_cache
+    store = cached._thread.prefix_store
     store.budget_bytes = 4 << 20  # a small budget, so that the soak really evicts
     for turn in range(100):
         first = [{"role": "user", "content": f"Question {turn}: what is {turn} plus {turn}?"}]
-        reply = await cached.complete(first, max_new_tokens=2)
-        await cached.complete([*first, {"role": "assistant", "content": reply.text + " so"}], max_new_tokens=1)
+        reply = await cached.complete(ModelRequest(first, max_new_tokens=2))
+        await cached.complete(ModelRequest([*first, {"role": "assistant", "content": reply.text + " so"}],
+                                           max_new_tokens=1))
         assert store.nbytes <= store.budget_bytes
     assert 0 < len(store) < 100
 
@@ -201,11 +209,11 @@ async def test_a_hundred_turns_keep_the_cache_within_its_budget(backends) -> Non
 @real_model_test
 async def test_a_newcomer_joins_a_running_generation_instead_of_waiting_for_its_end(backends) -> None:
     _, cached, _ = backends
-    long = asyncio.create_task(cached.complete(
-        [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], max_new_tokens=256))
-    while not cached._worker.prefix_cache.computed_tokens or not cached._worker._current:
+    long = asyncio.create_task(cached.complete(ModelRequest(
+        [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], max_new_tokens=256)))
+    while not cached._thread.prefix_store.computed_tokens or not cached._thread._current:
         await asyncio.sleep(0.05)  # until the long generation is under way
-    short = await cached.complete([{"role": "user", "content": "Say hi."}], max_new_tokens=4)
+    short = await cached.complete(ModelRequest([{"role": "user", "content": "Say hi."}], max_new_tokens=4))
     assert short.completion_tokens == 4
     assert not long.done()  # answered while the long one still generates
     story = await long
@@ -219,14 +227,14 @@ async def test_a_newcomer_is_prefilled_alone_and_both_rows_answer_as_they_would_
     plain, cached, _ = backends
     story, question = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], \
         react_turn("What is 6 * 7? Answer in one word.")
-    story_alone = await plain.complete(story, max_new_tokens=48)
-    answer_alone = await plain.complete(question, stop=STOP, max_new_tokens=12)
+    story_alone = await plain.complete(ModelRequest(story, max_new_tokens=48))
+    answer_alone = await plain.complete(ModelRequest(question, stop=STOP, max_new_tokens=12))
     logged: list[str] = []
     with worker_log_watched(logged.append):
-        running = asyncio.create_task(cached.complete(story, max_new_tokens=48))
+        running = asyncio.create_task(cached.complete(ModelRequest(story, max_new_tokens=48)))
         while not any(message.startswith("batch of 1:") for message in logged):
             await asyncio.sleep(0.01)  # until the story is being generated
-        answer = await cached.complete(question, stop=STOP, max_new_tokens=12)
+        answer = await cached.complete(ModelRequest(question, stop=STOP, max_new_tokens=12))
         story_joined = await running
     assert answer.text == answer_alone.text and story_joined.text == story_alone.text
     joined = [message for message in logged if message.startswith("batch of 2:")]
@@ -239,16 +247,16 @@ async def test_a_paused_row_resumes_from_its_own_kv_even_when_the_store_cannot_k
     full batch and make the next batch recompute its whole prompt. With a store too small for any row, the newcomer
     still joins and the resumed row computes only its last token."""
     plain, cached, _ = backends
-    store = cached._worker.prefix_cache = PrefixCache(budget_bytes=1024)  # less than one token's KV in 30 layers
+    store = cached._thread.prefix_store = PrefixStore(budget_bytes=1024)  # less than one token's KV in 30 layers
     story, question = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], \
         [{"role": "user", "content": "Say hi."}]
-    story_alone = await plain.complete(story, max_new_tokens=48)
+    story_alone = await plain.complete(ModelRequest(story, max_new_tokens=48))
     logged: list[str] = []
     with worker_log_watched(logged.append):
-        running = asyncio.create_task(cached.complete(story, max_new_tokens=48))
+        running = asyncio.create_task(cached.complete(ModelRequest(story, max_new_tokens=48)))
         while not any(message.startswith("batch of 1:") for message in logged):
             await asyncio.sleep(0.01)  # until the story is being generated
-        hi = await cached.complete(question, max_new_tokens=4)
+        hi = await cached.complete(ModelRequest(question, max_new_tokens=4))
         story_joined = await running
     assert hi.completion_tokens == 4 and story_joined.text == story_alone.text
     joined = [message for message in logged if message.startswith("batch of 2:")]

@@ -1,21 +1,19 @@
-"""Attention on a CPU as matrix products over the KV cache: a decode step's one token per row, or a few (a
-verified draft, see drafts.py), and in bf16 the prompts too.
+"""Attention on a CPU as matrix products over the KV cache: a decode step's one token per row, or a few (its
+speculative tokens, see speculative.py), and in bf16 the prompts too.
 
 With the long ReAct prompts of this bot (~900-1,900 tokens of context per row) a decode step spends as much time in
 attention as in the linear layers: every row reads its whole KV cache. PyTorch's CPU `scaled_dot_product_attention`
 runs a blocked flash kernel built for long queries, copies the batch cache's views, and transformers copies the KV
-three times over first for grouped-query models when a query has more than one token (`repeat_kv`). Measured on a
-2-core AVX-512 CPU, SmolLM2-135M in bf16 (9 query and 3 KV heads), a whole model pass over 900 cached tokens: 1
-row × 1 token 40 ms here against 61 ms through sdpa, 8 rows × 1 token 79 against 189, 8 rows × 2 tokens 86 against
-139 (before the single scaled, masked product of `_short_query`, which took a few ms more off).
+three times over first for grouped-query models when a query has more than one token (`repeat_kv`). Products
+over the cache make a decode step faster than sdpa, the more so the more rows (see bench/README.md § Engine design
+measurements, "The decode attention").
 
-A prompt's new tokens over a long cached prefix (a chat's next question and observation over the tools prompt)
-are a wide, short product, where sdpa's flash kernel reaches ~90 GFLOP/s in bf16: here, a chunk of query tokens at
-a time, a whole prefill of 150 new tokens over a cached 781-token prefix took 24% less time, 4 rows × 130
-27% less. A softmax in bf16 (it sums in fp32 inside) rather than into an fp32 tensor: 0.7 ms against 7.3 for those
-150 tokens' scores. fp32 prompts stay on sdpa's kernel (MODEL_DTYPE=float32 is the exact mode; in fp32 it beats the
-products), and so does a prompt computed whole with no mask (transformers then asks sdpa for a causal one, whose
-kernel skips the masked half); given a mask, sdpa reads the grouped KV heads in place (`_sdpa`).
+A prompt's new tokens over a long cached prefix (a chat's next question and observation over the tools prompt) are a
+wide, short product, which in bf16 goes faster as products a chunk of query tokens at a time than through sdpa's flash
+kernel, with the softmax in bf16 (it sums in fp32 inside). fp32 prompts stay on sdpa's kernel (MODEL_DTYPE=float32 is
+the exact mode; in fp32 it beats the products), and so does a prompt computed whole with no mask (transformers then asks
+sdpa for a causal one, whose kernel skips the masked half); given a mask, sdpa reads the grouped KV heads in place
+(`_sdpa`).
 
 The query heads that share a KV head are stacked as rows of one product (grouped-query attention without copying
 the KV, as transformers' own `pack_gqa` does). The rows of a batch that reuse one prefix (the tools prompt every
@@ -30,6 +28,8 @@ import threading
 from typing import Any
 
 import torch
+
+from agent.llm.engine.internals import attention_implementation, use_attention
 
 NAME = "qwenbot_cpu_decode"
 # Queries of up to this many tokens take the decode step's path; longer ones are prompts.
@@ -52,7 +52,7 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     [batch, q, heads, dim]. `SHARED_COLUMNS` in `kwargs`: that many leading columns hold the same KV in every row,
     and every query sees them (a reused prefix, before any row's padding and the pass's own tokens)."""
     shared = kwargs.pop(SHARED_COLUMNS, 0)
-    if key.dtype != query.dtype:  # a cache kept in a narrower dtype than the model computes in (batch_kv.py)
+    if key.dtype != query.dtype:  # a cache kept in a narrower dtype than the model computes in (kv_cache.py)
         output, _ = decode_attention(module, query.to(key.dtype), key, value, attention_mask, scaling, dropout,
                                      **kwargs, **{SHARED_COLUMNS: shared})
         return output.to(query.dtype), None
@@ -85,10 +85,8 @@ def _sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 
     Given a mask, transformers copies each KV head once for each of its query heads (`repeat_kv`) and keeps sdpa's
     `enable_gqa` for unmasked calls (CUDA's kernels fall back to plain math with a mask); PyTorch's CPU flash
-    kernel takes a mask with `enable_gqa` and gives the very same output, bit for bit. The copy is a fifth to a
-    third of a masked prompt's attention: on a 2-core AVX2 CPU in float32, SmolLM2-135M's 9 query and 3 KV heads,
-    a layer's 150 new tokens over a cached 781-token prefix took 4.0 ms against 5.1, 8 rows × 110 over 900 27
-    against 34, 2 rows × 20 over 1,200 2.4 against 3.8."""
+    kernel takes a mask with `enable_gqa` and gives the very same output, bit for bit, without the copy (a fifth
+    to a third of a masked prompt's attention: bench/README.md)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
@@ -107,8 +105,7 @@ def _short_query(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     batch, kv_heads, groups, width, _, _ = sizes
     grouped = query.reshape(batch * kv_heads, groups * width, query.shape[-1])
     # The mask's add and the scaling in the product itself, and the softmax over the scores' last (contiguous)
-    # dimension: 1 row × 950 columns, 130 µs a layer here against 240 with a separate scaling, masking and a
-    # softmax across a transposed product (8 rows: 530 against 760).
+    # dimension: faster than a separate scaling, masking and a softmax across a transposed product (bench/README.md).
     scores = torch.baddbmm(hidden, grouped, keys.transpose(1, 2), alpha=scale)
     output = torch.bmm(torch.softmax(scores, dim=-1), values)
     return output.view(batch, kv_heads * groups, width, query.shape[-1])
@@ -119,8 +116,8 @@ def _short_query_over_shared(query: torch.Tensor, key: torch.Tensor, value: torc
     """`_short_query` for a batch whose first `shared` columns hold the same KV in every row (the tools prompt
     the chats share): every row's queries read those columns once, from the first row, as one product, and only
     the rest of each row's own. The scores are joined for one softmax, so it is the same attention, summed in
-    two parts. Measured on a 2-core AVX2 CPU in float32, 8 rows × 1,024 columns of which 770 shared, a layer's
-    two products: 0.73 ms whole against 0.37 split. `key`/`value` are [batch, kv heads, room, dim] views.
+    two parts, and the shared columns are read once instead of once a row (bench/README.md). `key`/`value` are
+    [batch, kv heads, room, dim] views.
 
     Not for a bf16 cache: oneDNN copies a product's input that is not contiguous (see `_whole_room`), and each
     row's own columns are not once the shared ones are cut out of the room."""
@@ -149,8 +146,7 @@ def _short_query_over_shared(query: torch.Tensor, key: torch.Tensor, value: torc
 def _prompt(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor,
             sizes: tuple[int, ...], scale: float) -> torch.Tensor:
     """A prompt's attention in bf16, [batch, heads, width, dim], a chunk of query tokens at a time so that a
-    chunk's scores hold at most `PROMPT_SCORES` values. Against sdpa's flash kernel, a layer: 150 new tokens over
-    1,300 columns 5.2 ms against 5.9, 4 rows × 130 over 1,000 9.4 against 14.7."""
+    chunk's scores hold at most `PROMPT_SCORES` values (faster than sdpa's flash kernel in bf16: bench/README.md)."""
     batch, kv_heads, groups, width, _, room = sizes
     dim = query.shape[-1]
     chunk = max(1, PROMPT_SCORES // (batch * kv_heads * groups * room))
@@ -168,17 +164,15 @@ def _prompt(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidde
 
 def _whole_room(states: torch.Tensor) -> torch.Tensor:
     """`states` ([batch, kv heads, length, dim]) widened to all the columns of the tensor it is a view of, where it
-    is the filled part of a batch cache's room (batch_kv.py's `RoomyLayer`); otherwise `states` itself.
+    is the filled part of a batch cache's room (kv_cache.py's `RoomyLayer`); otherwise `states` itself.
 
     oneDNN's bf16 batched product copies an input that is not contiguous, and the filled columns of a roomy cache
-    are not (each row's room lies between them): 8 rows × 1,200 columns moved 480 MB a pass. The whole room is
-    contiguous; its unfilled columns are zeros that the mask hides (or a rewound step's KV, hidden too). Worth it
-    while they are few: in interleaved passes of the model, 8 rows × 1,300 filled columns took 64 ms a step with
-    5% spare against 69 copying, 66 against 60 with 30% spare; the batch's cache grows 128 columns at a time.
+    are not (each row's room lies between them): hundreds of MB a pass. The whole room is contiguous; its unfilled
+    columns are zeros that the mask hides (or a rewound step's KV, hidden too). Worth it while they are few (at most
+    a fifth of the filled ones: `SPARE_SHARE`); the batch's cache grows 128 columns at a time.
 
-    Not in float32, whose batched products read the strided view in place: there the spare columns are only read
-    for nothing. SmolLM2-135M in int8 (float32 KV) on a 2-core AVX2 CPU, a decode step of 8 rows over a 715-column
-    shared prefix and 180 own columns each, interleaved: 78 ms against 82 (60 own columns: 67 against 72)."""
+    Not in float32, whose batched products read the strided view in place: there the spare columns would only be
+    read for nothing (both: see bench/README.md)."""
     batch, heads, length, dim = states.shape
     room = states.stride(1) // dim
     if (states.dtype != torch.bfloat16 or states.is_contiguous() or states.storage_offset()
@@ -246,12 +240,12 @@ def shared_prefix(model: Any, columns: int) -> dict[str, int]:
 
 def reads_shared_prefix(model: Any, kv_dtype: torch.dtype) -> bool:
     """Whether a decode step of `model` over a cache in `kv_dtype` reads shared columns once (not in bf16: see
-    `_short_query_over_shared`), so that finding them (batch_kv.py's `shared_columns`) is worth its read."""
+    `_short_query_over_shared`), so that finding them (kv_cache.py's `shared_columns`) is worth its read."""
     return _uses_decode_attention(model) and kv_dtype != torch.bfloat16
 
 
 def _uses_decode_attention(model: Any) -> bool:
-    return getattr(model.config, "_attn_implementation", None) == NAME
+    return attention_implementation(model) == NAME
 
 
 def use_decode_attention(model: Any) -> None:
@@ -262,4 +256,4 @@ def use_decode_attention(model: Any) -> None:
     AttentionInterface.register(NAME, decode_attention)
     if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
         AttentionMaskInterface.register(NAME, sdpa_mask)
-    model.set_attn_implementation(NAME)
+    use_attention(model, NAME)

@@ -1,5 +1,6 @@
-"""The batch's KV cache (agent/llm/batch_kv.py): written in place and grown a block at a time, it must hold exactly
-what transformers' concatenating `DynamicLayer` would (`generate` through it on the real model: test_prefix_cache.py)."""
+"""The batch's KV cache (engine/kv_cache.py): written in place and grown a block at a time, it must hold exactly
+what transformers' concatenating `DynamicLayer` would (`generate` through it on the real model:
+test_prefix_store.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig
 
-from agent.llm.batch_kv import GROWTH_COLUMNS, MIN_SHARED_COLUMNS, RoomyLayer, batch_cache, shared_columns
-from agent.llm.prefix_cache import CachedPrefix, Hit
+from agent.llm.engine.kv_cache import GROWTH_COLUMNS, MIN_SHARED_COLUMNS, RoomyLayer, batch_cache, shared_columns
+from agent.llm.engine.prefix_store import CachedPrefix, Hit
 
 
 def steps(batch: int = 2, heads: int = 3, dim: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,4 +1,4 @@
-"""A decode step's own pass (agent/llm/decode_pass.py): the scores of the model's forward, bit for bit, for the
+"""A decode step's own pass (agent/llm/engine/forward_pass.py): the scores of the model's forward, bit for bit, for the
 models it mirrors, and the model's forward for every other."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from accelerate.hooks import ModelHook, add_hook_to_module
 from transformers import (DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 
-from agent.llm import decode_pass
-from agent.llm.attention import shared_prefix, use_decode_attention
-from agent.llm.batch_kv import batch_cache
-from agent.llm.decoding import cache_argument
-from agent.llm.fused_linear import fuse_projections
-from agent.llm.local import quantize_int8
+from agent.llm.engine import forward_pass
+from agent.llm.engine.attention import shared_prefix, use_decode_attention
+from agent.llm.engine.kv_cache import batch_cache
+from agent.llm.engine.decode_loop import cache_argument
+from agent.llm.engine.linear_fused import fuse_projections
+from agent.llm.engine.linear_int8 import quantize_int8
 
 SIZES = dict(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
              num_key_value_heads=2)
@@ -61,7 +61,7 @@ def prompted(model, rows: int, shared: int):
 
 
 def steps(model, rows: int = 3, shared: int = 0) -> None:
-    """Eight steps of one to four tokens a row (drafts), holes left where a draft was rejected: the same scores
+    """Eight steps of one to four tokens a row (speculative), holes left where a guess was rejected: the same scores
     and the same KV through both ways."""
     (own, theirs), mask, positions = prompted(model, rows, shared)
     attention = shared_prefix(model, shared)
@@ -72,11 +72,11 @@ def steps(model, rows: int = 3, shared: int = 0) -> None:
             ids = torch.randint(1, 64, (rows, width))
             mask = torch.cat([mask, torch.ones(rows, width, dtype=torch.long)], dim=1)
             columns = positions[:, None] + torch.arange(width)
-            assert decode_pass.fits(model, own, width)
-            ours = decode_pass.decode_pass(model, ids, mask, columns, own, width, **attention)
+            assert forward_pass.fits(model, own, width)
+            ours = forward_pass.decode_pass(model, ids, mask, columns, own, width, **attention)
             expected = through_forward(model, ids, mask, columns, theirs, width, **attention)
             assert torch.equal(ours, expected), step
-            mask[0, mask.shape[1] - width + 1:] = 0  # the first row took one token: its draft's columns are holes
+            mask[0, mask.shape[1] - width + 1:] = 0  # the first row took one token: its guess's columns are holes
             positions += torch.tensor([1] + [width] * (rows - 1))
     for mine, reference in zip(own.layers, theirs.layers):
         assert torch.equal(mine.keys, reference.keys) and torch.equal(mine.values, reference.values)
@@ -100,19 +100,19 @@ def test_one_row_gives_the_same_scores() -> None:
 def test_prompts_other_caches_attention_models_and_hooked_models_keep_the_models_forward() -> None:
     model = tiny("llama")
     cache = batch_cache(model, [], 0, 12, 32)
-    assert decode_pass.fits(model, cache, 16)
-    assert not decode_pass.fits(model, cache, 17)  # a prompt: its tokens outweigh its calls
-    assert not decode_pass.fits(model, DynamicCache(config=model.config), 1)  # transformers' own cache layers
+    assert forward_pass.fits(model, cache, 16)
+    assert not forward_pass.fits(model, cache, 17)  # a prompt: its tokens outweigh its calls
+    assert not forward_pass.fits(model, DynamicCache(config=model.config), 1)  # transformers' own cache layers
     sdpa = LlamaForCausalLM(LlamaConfig(**SIZES)).eval()  # the GPU's attention, not the decode attention
-    assert not decode_pass.fits(sdpa, batch_cache(sdpa, [], 0, 12, 32), 1)
+    assert not forward_pass.fits(sdpa, batch_cache(sdpa, [], 0, 12, 32), 1)
     windowed = tiny("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0)
-    assert not decode_pass.fits(windowed, batch_cache(windowed, [], 0, 12, 32), 1)
+    assert not forward_pass.fits(windowed, batch_cache(windowed, [], 0, 12, 32), 1)
     for hook in (lambda layer: add_hook_to_module(layer, ModelHook()),  # accelerate's, as offloading adds them
                  lambda layer: layer.register_forward_hook(lambda *args: None)):  # PyTorch's own
         hooked = tiny("llama", "int8")
         hook(hooked.model.layers[1].mlp.down_proj)
-        assert not decode_pass.fits(hooked, batch_cache(hooked, [], 0, 12, 32), 1)
+        assert not forward_pass.fits(hooked, batch_cache(hooked, [], 0, 12, 32), 1)
     torch.manual_seed(0)
     other = Qwen3ForCausalLM(Qwen3Config(**SIZES)).eval()  # norms on query and key: not mirrored
     use_decode_attention(other)
-    assert not decode_pass.fits(other, batch_cache(other, [], 0, 12, 32), 1)
+    assert not forward_pass.fits(other, batch_cache(other, [], 0, 12, 32), 1)

@@ -2,8 +2,8 @@
 
     event loop                               model thread
     ──────────                               ────────────
-    submit(Job) ──── queue.Queue ──────────▶ take every pending job (up to batch_size)
-                                             one decode loop for all of them (batching.py), each row
+    submit(Job) ──── JobQueue (jobs.py) ───▶ admit queued jobs (admission.py), up to batch_size rows
+                                             one decode loop for all of them (batch.py), each row
                                              masked by its own grammar (if its caller gave one) and
                                              ending on its own stop strings / token limit / cancel token
     job.on_text ◀─────── call_soon_threadsafe ─ each row's new text as it is generated (if its caller listens)
@@ -12,8 +12,8 @@
 Nothing but this thread touches torch, the model or this tokenizer: HF fast tokenizers raise "Already borrowed"
 when one instance is used from two threads, and a blocked event loop would freeze every chat.
 
-A request that arrives during a batch joins at the next step when the batch has room: the batch pauses, its
-unfinished rows keep their own KV and go on in the next batch beside the newcomer (batching.py).
+A request that arrives during a batch joins at the next step when the admission policy lets it: the batch pauses,
+its unfinished rows keep their own KV and go on in the next batch beside the newcomer (batch.py).
 Every caller is answered as soon as its own row ends, not when the batch does.
 """
 
@@ -21,26 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
-import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory
 from agent.grammar import Grammar
-from agent.llm.base import CancelToken, Completion, Message, TextSink, trim_at_stop
-from agent.llm.batching import BatchRow, generate_rows, render_prompt
-from agent.llm.constraints import GrammarEngine, RowGrammar
-from agent.llm.drafts import DraftLimits
-from agent.llm.prefix_cache import PrefixCache
-from agent.llm.text_stream import TextStream
+from agent.llm.base import Completion, trim_at_stop
+from agent.llm.engine.admission import Admission
+from agent.llm.engine.batch import BatchRow, generate_rows, render_prompt
+from agent.llm.engine.grammar_masks import GrammarEngine, RowGrammar
+from agent.llm.engine.jobs import Job, JobQueue, resolve
+from agent.llm.engine.prefix_store import PrefixStore
+from agent.llm.engine.speculative import SpeculativeLimits
+from agent.llm.engine.text_stream import TextStream
 
 log = logging.getLogger(__name__)
-
-_CLOSE = object()  # queue sentinel: the thread finishes its batch and exits
 
 
 @dataclass(frozen=True)
@@ -52,72 +50,18 @@ class LoadedModel:
     grammars: GrammarEngine | None = None  # None: grammars are refused (a test double)
 
 
-@dataclass
-class Job:
-    """One `complete` call in flight: the request, where its answer goes, and how to cancel it."""
-
-    messages: Sequence[Message]
-    stop: tuple[str, ...]
-    max_new_tokens: int
-    tools: list[dict[str, Any]] | None
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    grammar: Grammar | None = None
-    caller_cancel: CancelToken | None = None
-    on_text: TextSink | None = None  # called on the event loop with each piece of new text
-    own_cancel: CancelToken = field(default_factory=CancelToken)
-    submitted_at: float = field(default_factory=time.monotonic)
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether the caller's token or our own (the awaiting task was cancelled, or the worker is closing) is set."""
-        return self.own_cancel.cancelled or (self.caller_cancel is not None and self.caller_cancel.cancelled)
-
-    def hand_on(self, text: str) -> None:
-        """Pass new text to the caller's `on_text`, on the event loop's own thread (called on the model thread)."""
-        try:
-            self.loop.call_soon_threadsafe(_take_text, self, text)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-    def settle(self, result: Completion | None = None, error: BaseException | None = None) -> None:
-        """Resolve the future from the model thread, on the event loop's own thread."""
-        try:
-            self.loop.call_soon_threadsafe(_resolve, self.future, result, error)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
-
-
-def _take_text(job: Job, text: str) -> None:
-    if job.future.done() or job.on_text is None:  # answered or given up on: late text goes nowhere
-        return
-    try:
-        job.on_text(text)
-    except Exception:  # the caller's sink failing must not stop the event loop's other work
-        log.warning("the text sink of a model call failed", exc_info=True)
-
-
-def _resolve(future: asyncio.Future, result: Completion | None, error: BaseException | None) -> None:
-    if future.done():  # the awaiting task was cancelled meanwhile
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-class ModelWorker:
+class ModelThread:
     """Owns the model thread: loads the model there, then runs batches of jobs until closed."""
 
-    def __init__(self, load: Callable[[], LoadedModel], *, batch_size: int, batch_wait: float = 0.0,
-                 min_new_tokens: int = 0, prefix_cache_bytes: int = 0, drafts: DraftLimits = DraftLimits()):
+    def __init__(self, load: Callable[[], LoadedModel], *, admission: Admission,
+                 min_new_tokens: int = 0, prefix_store_bytes: int = 0,
+                 speculative: SpeculativeLimits = SpeculativeLimits()):
         self._load = load
-        self.batch_size = batch_size
-        self.drafts = drafts  # draft tokens a step may check per row and per batch (drafts.py)
-        self.batch_wait = batch_wait  # seconds a batch may wait, from its first job's arrival, for more jobs
+        self.admission = admission  # which queued jobs join the next batch, and when a batch pauses for them
+        self.speculative = speculative  # speculative tokens a step may check per row and per batch
         # Benchmarks only: force every row to generate at least this many tokens, so runs are comparable.
         self.min_new_tokens = min_new_tokens
-        self._jobs: queue.Queue = queue.Queue()
+        self._jobs = JobQueue()
         self._thread = threading.Thread(target=self._main, name="model", daemon=True)
         self._loaded: asyncio.Future | None = None
         self._exited: asyncio.Future | None = None
@@ -125,7 +69,7 @@ class ModelWorker:
         self._current: list[Job] = []
         # Rows paused so that a newcomer could join: they go first into the next batch, each holding its own KV.
         self._paused: list[BatchRow] = []
-        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.prefix_store = PrefixStore(prefix_store_bytes)
         self._closing = threading.Event()
 
     async def start(self) -> LoadedModel:
@@ -150,7 +94,7 @@ class ModelWorker:
         self._closing.set()  # before cancelling: a batch taken meanwhile sees it and is not started
         for job in list(self._current):
             job.own_cancel.cancel()
-        self._jobs.put(_CLOSE)  # wakes the thread if it is waiting for work
+        self._jobs.wake()  # the thread stops waiting for work, if it is
         await asyncio.shield(self._exited)
 
     # ── everything below runs on the model thread ────────────────────────────────────────────────────────────
@@ -176,60 +120,25 @@ class ModelWorker:
         self._closing.set()
         stopped = LLMError("the local model has stopped")
         _fail_jobs(self._current, stopped)
-        self._fail_queued(stopped)
+        self._jobs.fail_all(stopped)
         self._signal(self._exited, None, None)
 
     def _signal(self, future: asyncio.Future | None, result: Any, error: BaseException | None) -> None:
         if future is not None and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(_resolve, future, result, error)
+            self._loop.call_soon_threadsafe(resolve, future, result, error)
 
     def _serve(self, loaded: LoadedModel) -> None:
         while True:
             resumed = self._paused
             self._paused = []
-            self._current = [row.owner for row in resumed] + self._next_batch(room=self.batch_size - len(resumed),
-                                                                              block=not resumed)
+            self._current = [row.owner for row in resumed] + self.admission.admit(self._jobs, len(resumed))
             if self._closing.is_set():
                 closed = LLMError("the local model is shutting down")
                 _fail_jobs(self._current, closed)
-                self._fail_queued(closed)
+                self._jobs.fail_all(closed)
                 return
             self._run_batch(loaded, resumed, self._current[len(resumed):])
             self._current = []
-
-    def _next_batch(self, room: int, block: bool = True) -> list[Job]:
-        """Wait for one job (when `block`), then take what else arrives within `batch_wait` of it, up to `room`.
-
-        Turns that start together reach the model a few milliseconds apart (each first reads its history);
-        without the wait the first would run alone and the rest in a second batch, and their next calls
-        would stay out of step. Jobs that queued while a batch ran are past their wait and go at once.
-        """
-        batch: list[Job] = []
-        if room <= 0:
-            return batch
-        try:
-            item = self._jobs.get() if block else self._jobs.get_nowait()
-        except queue.Empty:
-            return batch
-        while item is not _CLOSE:
-            batch.append(item)
-            if len(batch) >= room:
-                break
-            wait = batch[0].submitted_at + self.batch_wait - time.monotonic()
-            try:
-                item = self._jobs.get(timeout=wait) if wait > 0 else self._jobs.get_nowait()
-            except queue.Empty:
-                break
-        return batch
-
-    def _fail_queued(self, error: LLMError) -> None:
-        while True:
-            try:
-                item = self._jobs.get_nowait()
-            except queue.Empty:
-                return
-            if item is not _CLOSE:
-                item.settle(error=error)
 
     def _run_batch(self, loaded: LoadedModel, resumed: list[BatchRow], jobs: list[Job]) -> None:
         """Generate for the resumed rows and every live new job in one batch; an error fails this batch's callers,
@@ -240,10 +149,10 @@ class ModelWorker:
         log.debug("generating a batch of %d (longest prompt %d tokens)",
                   len(rows), max(len(row.prompt_ids) for row in rows))
         try:
-            generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens, self.prefix_cache,
-                          should_pause=lambda: self._newcomer_waits(rows),
+            generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens, self.prefix_store,
+                          should_pause=lambda: self.admission.should_pause(self._jobs, _live(rows)),
                           on_finished=lambda row: _settle_row(loaded.tokenizer, row), grammars=loaded.grammars,
-                          drafts=self.drafts)
+                          speculative=self.speculative)
         except torch.OutOfMemoryError:
             _free_device_memory()
             _fail(rows, LLMOutOfMemory(
@@ -255,11 +164,9 @@ class ModelWorker:
             return
         self._paused = [row for row in rows if not row.finished]
 
-    def _newcomer_waits(self, rows: list[BatchRow]) -> bool:
-        """Whether a job waits that this batch has room for (rows that ended free their place): then the batch
-        pauses after this step, and the newcomer joins the next one."""
-        live = sum(not row.finished for row in rows)
-        return not self._jobs.empty() and live < self.batch_size
+
+def _live(rows: list[BatchRow]) -> int:
+    return sum(not row.finished for row in rows)
 
 
 def _prepare(loaded: LoadedModel, job: Job) -> BatchRow | None:

@@ -1,4 +1,4 @@
-"""Stacked projections (agent/llm/fused_linear.py): one product for a layer's query/key/value and gate/up, with
+"""Stacked projections (agent/llm/engine/linear_fused.py): one product for a layer's query/key/value and gate/up, with
 exactly the outputs, and so the tokens, of the separate ones."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from agent.llm.cpu_linear import pack_linears
-from agent.llm.fused_linear import ProjectionSlice, StackedProjections, fuse_projections
-from agent.llm.local import quantize_int8
+from agent.llm.engine.linear_bf16 import pack_linears
+from agent.llm.engine.linear_fused import ProjectionSlice, StackedProjections, fuse_projections
+from agent.llm.engine.linear_int8 import quantize_int8
 
 
 def projections(bias: bool, dtype: torch.dtype) -> list[torch.nn.Linear]:

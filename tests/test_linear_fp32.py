@@ -1,18 +1,18 @@
-"""fp32 linear layers computing a decode step's few tokens as `weight @ inputsᵀ` (agent/llm/fp32_linear.py)."""
+"""fp32 linear layers computing a decode step's few tokens as `weight @ inputsᵀ` (agent/llm/engine/linear_fp32.py)."""
 
 from __future__ import annotations
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agent.llm.fp32_linear import SHORT_INPUT_TOKENS, ShortInputLinear, use_short_input_linears
+from agent.llm.engine.linear_fp32 import SHORT_INPUT_TOKENS, ShortInputLinear, use_short_input_linears
 
 
 def test_a_short_input_layer_computes_what_the_linear_layer_computes_within_fp32_rounding() -> None:
     torch.manual_seed(1)
     linear = torch.nn.Linear(96, 40, bias=True)
     short = ShortInputLinear(linear)
-    # one token (fed twice inside), a draft check, a full decode step, the first prompt length past the bound
+    # one token (fed twice inside), a speculative check, a full decode step, the first prompt length past the bound
     for shape in ((1, 1, 96), (1, 3, 96), (SHORT_INPUT_TOKENS, 1, 96), (3, 3, 96), (200, 96)):
         inputs = torch.randn(*shape)
         with torch.inference_mode():

@@ -1,15 +1,16 @@
 """One batch of requests, greedy: prefix reuse, layout, per-row grammars and ends, pauses; the decode loop itself
-is decoding.py.
+is decode_loop.py.
 
-Runs on the model thread only (see `worker.py`). The choices here, measured on 2-core CPU boxes with SmolLM2-135M:
+Runs on the model thread only (see `model_thread.py`). The choices here (their measurements: bench/README.md § Engine
+design measurements):
 
 - A padded batch through our own decode loop, not transformers' continuous-batching manager (`generate_batch`):
-  for 8 prompts × 32 new tokens, padded `generate` ran at 83 tokens/s, the manager at under 36 (its paged
-  attention has no fast CPU path), and the manager has no per-request stop strings or cancellation. The loop is
-  ours rather than `generate` so that a step can check draft tokens per row (drafts.py).
+  the manager was less than half as fast on a CPU (its paged attention has no fast CPU path), and has no
+  per-request stop strings or cancellation. The loop is
+  ours rather than `generate` so that a step can check speculative tokens per row (speculative.py).
 - No prompt token is computed twice while its KV is known. ReAct prompts are long (the system message and every
   tool description: ~690 tokens) and on a CPU prefill is compute-bound. Each row starts from the longest prefix the
-  `PrefixCache` holds of it (the tools' prompt, or its own turn so far); the prefix every row of a batch shares is
+  `PrefixStore` holds of it (the tools' prompt, or its own turn so far); the prefix every row of a batch shares is
   computed once when the store knows less of it. Rows are laid out `[reused prefix][padding][own tokens]`; the
   attention mask hides the padding and positions are counted per row, so each row's tokens continue at the right
   position.
@@ -18,12 +19,12 @@ Runs on the model thread only (see `worker.py`). The choices here, measured on 2
   and an LRU store under a full batch would evict it and make the next batch recompute whole prompts), and the
   next batch takes them with the newcomer. A row's caller is answered the moment the row ends, not when the batch
   does.
-- The batch's cache is written in place and grows a block of columns at a time (batch_kv.py): transformers' own
-  cache copies every row's whole KV at every step: a third of the model thread's time in a profile of the eval.
+- The batch's cache is written in place and grows a block of columns at a time (kv_cache.py): transformers' own
+  cache copies every row's whole KV at every step, which was a third of the model thread's time in the eval.
 - The prefix the rows share holds the same KV in every row (checked: `shared_columns`), so a decode step's attention
-  reads it once for the batch (attention.py): 8 chats over a 715-token tools prompt read ~60% fewer KV columns.
+  reads it once for the batch (attention.py), not once a row.
 - A row may be decoded under a grammar (agent/grammar.py): before each token the decode loop masks each
-  constrained row by its own matcher (constraints.py), and the row feeds its matcher the token it took. The
+  constrained row by its own matcher (grammar_masks.py), and the row feeds its matcher the token it took. The
   matcher belongs to the row, so a paused row resumes where its grammar left it; it sees generated tokens only, so
   a reused prompt prefix cannot change what it allows. Rows without a grammar are left exactly as they were.
 """
@@ -37,26 +38,25 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from agent.llm.attention import reads_shared_prefix
 from agent.llm.base import Message
-from agent.llm.batch_kv import KV_DTYPE, batch_cache, shared_columns
-from agent.llm.constraints import GrammarEngine, RowGrammar
-from agent.llm.decoding import Decoding, cache_argument, decode
-from agent.llm.drafts import DraftIndex, DraftLength, DraftLimits
-from agent.llm.prefix_cache import CachedPrefix, Hit, PrefixCache
-from agent.llm.text_stream import TextStream
+from agent.llm.engine.attention import reads_shared_prefix
+from agent.llm.engine.decode_loop import Decoding, cache_argument, decode
+from agent.llm.engine.grammar_masks import GrammarEngine, RowGrammar
+from agent.llm.engine.kv_cache import KV_DTYPE, batch_cache, cache_holding, shared_columns
+from agent.llm.engine.prefix_store import CachedPrefix, Hit, PrefixStore
+from agent.llm.engine.speculative import PromptLookup, SpeculativeLength, SpeculativeLimits
+from agent.llm.engine.text_stream import TextStream
 
 log = logging.getLogger(__name__)
 
 # Below this many shared tokens, computing the prefix separately is not worth a second forward pass.
 MIN_SHARED_PREFIX = 32
 # What one forward pass of its own costs a row prefilled apart, counted in prompt tokens: a pass reads every weight
-# once, as a decode step does (~26 ms for SmolLM2-135M in bf16 on 2 cores), which is what ~16-20 tokens of
-# prefill cost there (prefill computes ~750 tokens/s).
+# once, as a decode step does, which costs about what 16-20 tokens of prefill do on a CPU (bench/README.md).
 APART_PASS_TOKENS = 16
-# Columns of the batch's cache a row's new token may take with drafts on: the token and the holes its rejected
-# drafts leave. Every later step's attention reads the holes, so they are bounded; drafts stop at the bound.
-DRAFT_ROOM = 2
+# Columns of the batch's cache a row's new token may take with speculative tokens on: the token and the holes its
+# rejected guesses leave. Every later step's attention reads the holes, so they are bounded; guesses stop there.
+SPECULATIVE_ROOM = 2
 
 
 @dataclass
@@ -67,7 +67,7 @@ class BatchRow:
     resumes in a later batch from its stored KV, with `new_ids` holding what it generated so far.
 
     Per-row state that changes as tokens come lives here, not in the batch, so it survives a pause: the row's
-    grammar matcher, the text streamed to its caller, its draft index. The decode loop hands it each token it takes
+    grammar matcher, the text streamed to its caller, its prompt lookup. The decode loop hands it each token it takes
     (`add`, then `take`).
     """
 
@@ -75,15 +75,15 @@ class BatchRow:
     stop: Sequence[str] = ()
     max_new_tokens: int = 512
     is_cancelled: Callable[[], bool] = lambda: False
-    owner: Any = None  # whoever asked (the worker keeps the caller's job here)
+    owner: Any = None  # whoever asked (the model thread keeps the caller's job here)
     stream: TextStream | None = None  # where the row's new text goes as it is generated, if its caller listens
     grammar: RowGrammar | None = None  # the grammar this row is decoded under, if its caller gave one
     reason: str = ""  # "stop", "length" or "cancelled"; empty while it is still generating (or paused)
     new_ids: list[int] = field(default_factory=list)
     paused_kv: Hit | None = None  # while paused: the KV of its context up to its last token, which it resumes from
     reused_tokens: int = 0  # prompt tokens taken from the prefix cache rather than computed
-    _drafts: DraftIndex | None = None  # built at its first draft, then kept up to date, across pauses too
-    draft_length: DraftLength = field(default_factory=DraftLength)  # how long its drafts may be, as they fare
+    _lookup: PromptLookup | None = None  # built at its first guess, then kept up to date, across pauses too
+    speculative_length: SpeculativeLength = field(default_factory=SpeculativeLength)  # as its guesses fare
 
     @property
     def context_ids(self) -> list[int]:
@@ -119,24 +119,25 @@ class BatchRow:
             self.reason = "stop"
             return
         self.new_ids.append(token_id)
-        if self._drafts is not None:
-            self._drafts.extend([token_id])
+        if self._lookup is not None:
+            self._lookup.extend([token_id])
         self.take(token_id)
         if self.stop and _has_stop(tokenizer.decode(self.new_ids), self.stop):
             self.reason = "stop"
         elif len(self.new_ids) >= self.max_new_tokens:
             self.reason = "length"
 
-    def draft(self, limit: int) -> list[int]:
-        """Up to `limit` tokens that may come next (fewer while its drafts fare badly: `draft_length`): looked up
-        in the row's own context (drafts.py), or for a constrained row what its grammar forces or accepts of that."""
+    def speculate(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that may come next (fewer while its guesses fare badly: `speculative_length`):
+        looked up in the row's own context (speculative.py), or for a constrained row what its grammar forces or
+        accepts of that."""
         if limit <= 0:
             return []
-        limit = self.draft_length.clamp(limit)
-        if self._drafts is None:
-            self._drafts = DraftIndex(self.context_ids)
-        guess = self._drafts.propose(limit)
-        return guess if self.constraint is None else self.constraint.draft(guess)[:limit]
+        limit = self.speculative_length.clamp(limit)
+        if self._lookup is None:
+            self._lookup = PromptLookup(self.context_ids)
+        guess = self._lookup.propose(limit)
+        return guess if self.constraint is None else self.constraint.allowed_ahead(guess)[:limit]
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[Message], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -204,18 +205,19 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
 
 
 def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_tokens: int = 0,
-                  store: PrefixCache | None = None, should_pause: Callable[[], bool] = lambda: False,
+                  store: PrefixStore | None = None, should_pause: Callable[[], bool] = lambda: False,
                   on_finished: Callable[[BatchRow], None] = lambda row: None,
-                  grammars: GrammarEngine | None = None, drafts: DraftLimits = DraftLimits()) -> None:
+                  grammars: GrammarEngine | None = None,
+                  speculative: SpeculativeLimits = SpeculativeLimits()) -> None:
     """Greedy generation for all `rows` at once, each starting from the longest prefix `store` holds of it.
 
     Fills each row's `new_ids` and, once it ends, its `reason`, and tells `on_finished` at once (its caller need
     not wait for the batch's longest row). When `should_pause` turns true while rows are still generating (a
     newcomer waits), the batch stops after the current step: rows left unfinished keep their KV (`paused_kv`) and
     resume from it in the next batch, beside the newcomer. Rows with a grammar are masked by it (`grammars`
-    compiled them); each step may check a few draft tokens per row (`drafts`, decoding.py).
+    compiled them); each step may check a few speculative tokens per row (`speculative`, decode_loop.py).
     """
-    store = store if store is not None else PrefixCache(0)
+    store = store if store is not None else PrefixStore(0)
     eos = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
     longest = max(row.max_new_tokens - len(row.new_ids) for row in rows)
@@ -224,9 +226,9 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
                                         held=[row.paused_kv for row in rows])
         prefill_apart(model, rows, hits, fresh, store)
         layout = lay_out([row.context_ids for row in rows], [hit.length for hit in hits], pad_id, model.device)
-        # The columns every row's whole generation may take, holes that rejected drafts leave included: drafts are
-        # kept within it (decoding.py); the cache grows towards it as steps need (batch_kv.py).
-        room = layout.input_ids.shape[1] + longest * (DRAFT_ROOM if drafts.per_row else 1)
+        # The columns every row's whole generation may take, holes that rejected guesses leave included: guesses
+        # are kept within it (decode_loop.py); the cache grows towards it as steps need (kv_cache.py).
+        room = layout.input_ids.shape[1] + longest * (SPECULATIVE_ROOM if speculative.per_row else 1)
         cache = batch_cache(model, hits, layout.cached, layout.input_ids.shape[1], room - layout.input_ids.shape[1])
         _begin(rows, hits, fresh, store)
         # Columns every row holds the same KV for, read once a step; only looked for where the attention would.
@@ -235,13 +237,13 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
         log.debug("batch of %d: reused %s prompt tokens, %d columns the same in every row, computed %d columns",
                   len(rows), layout.reused, shared, layout.input_ids.shape[1] - layout.cached)
         # Without a store (PREFIX_CACHE_MB=0) a batch runs to its end: the plain mode.
-        run = Decoding(model, tokenizer, eos, pad_id, min_new_tokens, grammars, drafts,
+        run = Decoding(model, tokenizer, eos, pad_id, min_new_tokens, grammars, speculative,
                        should_pause if store.budget_bytes else (lambda: False), on_finished)
         mask = decode(run, rows, layout.input_ids, layout.attention_mask, layout.cached, cache, room, shared)
         _store_rows(rows, mask, cache, store)
 
 
-def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixCache,
+def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixStore,
                       held: Sequence[Hit | None] = ()) -> tuple[list[Hit], list[int]]:
     """For each row, the longest prefix whose KV is known (`held` by the row itself when it was paused, else
     found in the store); the prefix every row of the batch shares is computed once here (from what the store
@@ -286,7 +288,7 @@ def rows_to_prefill_apart(own: Sequence[int]) -> set[int]:
     return set(order[:best_cut])
 
 
-def prefill_apart(model: Any, rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: PrefixCache) -> None:
+def prefill_apart(model: Any, rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: PrefixStore) -> None:
     """Compute the prompts of the rows `rows_to_prefill_apart` picks, each on its own up to its last token.
 
     A newcomer joining resumed rows is the common case: its question and history (often 100-300 tokens past the
@@ -304,8 +306,7 @@ def prefill_apart(model: Any, rows: list[BatchRow], hits: list[Hit], fresh: list
 def extend_prefix(model: Any, tokens: list[int], base: Hit) -> Hit:
     """The KV of `tokens`, computing only those past the prefix `base` already holds."""
     known = base.length
-    cache = DynamicCache(ddp_cache_data=base.layers(), config=model.config) if known else \
-        DynamicCache(config=model.config)
+    cache = cache_holding(model, base.layers()) if known else DynamicCache(config=model.config)
     model(input_ids=torch.tensor([tokens[known:]], device=model.device), use_cache=True, logits_to_keep=1,
           **{cache_argument(model): cache})
     dtype = getattr(model, KV_DTYPE, None)  # held as the batch caches hold it, so the store keeps one dtype
@@ -314,7 +315,7 @@ def extend_prefix(model: Any, tokens: list[int], base: Hit) -> Hit:
     return Hit(CachedPrefix(torch.tensor(tokens, dtype=torch.long), layers), len(tokens))
 
 
-def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: PrefixCache) -> None:
+def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: PrefixStore) -> None:
     for row, hit, computed_here in zip(rows, hits, fresh):
         if not row.new_ids:  # a row's first batch: count what its prompt reused
             row.reused_tokens = hit.length - computed_here
@@ -322,10 +323,10 @@ def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: Prefi
         row.paused_kv = None  # the batch's cache holds it now
 
 
-def _store_rows(rows: list[BatchRow], mask: torch.Tensor, cache: DynamicCache, store: PrefixCache) -> None:
+def _store_rows(rows: list[BatchRow], mask: torch.Tensor, cache: DynamicCache, store: PrefixStore) -> None:
     """Keep each row's KV, its whole sequence so far: a finished row's in the store, for its chat's next call; a
     paused row's on the row, for its next batch (whatever the store's budget). A row's tokens are the columns its
-    mask shows, in order (padding and a draft's rejected positions are not)."""
+    mask shows, in order (padding and a guess's rejected positions are not)."""
     for index, row in enumerate(rows):
         if row.finished and not store.budget_bytes:
             continue

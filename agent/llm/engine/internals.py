@@ -1,0 +1,257 @@
+"""Every private name of transformers and torch the engine relies on, in this one module, checked once at load.
+
+    private name                                     what the engine does with it                 used by
+    config._attn_implementation                      which attention function a model runs        attention.py,
+                                                                                                  forward_pass.py,
+                                                                                                  weights.py
+    Module._forward_hooks, _forward_pre_hooks,       a module with a hook keeps the model's own   forward_pass.py
+      accelerate's _hf_hook                          forward (the pass calls past hooks)
+    quantized Linear._packed_params                  the int8 product, called directly            forward_pass.py
+    torch.ops.mkldnn._reorder_linear_weight,         bf16 weights laid out once for oneDNN        linear_bf16.py
+      _linear_pointwise
+    DynamicLayer.lazy_initialization                 a batch cache layer of our own (CacheLayer)  kv_cache.py
+
+(A cache is filled through the public `Cache.update`, not DynamicCache's `ddp_cache_data`.)
+
+An upgrade of either library may rename or change any of these. So the engine checks them once, where it loads a
+model (weights.py), on the loaded model itself with a tiny batch (two rows, one padded; a prompt, then two steps):
+
+    missing          before the model changes: the names are there
+    cache_mismatch   the model's forward over the engine's batch cache gives its scores over transformers' own
+                     cache (within rounding), and holds the first layer's keys and values bit for bit
+    pass_mismatch    the decode pass (forward_pass.py) gives the model's forward's scores, bit for bit
+    packing_fails    a packed bf16 layer gives `F.linear`'s outputs on the model's own first weight
+
+Where one of the first three fails, `fall_back` puts the model on transformers' own attention, forward and cache,
+and logs one line naming what failed: an upgrade may cost speed, never correctness. Where packing fails, the bf16
+layers stay plain (also one line).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+log = logging.getLogger(__name__)
+
+# A model attribute: why this model runs on transformers' own forward and cache (absent: the engine's checks held).
+PLAIN = "qwenbot_plain"
+# The step check's scores may differ from the reference's by this share of the reference's largest score: the
+# rounding of another summation order (bf16 or a bf16 KV cache in the engine's path), not a different computation.
+STEP_TOLERANCE = 0.02  # a broken mask gave 0.14 (fp32); a sound cache gives 0 on the CPU
+
+
+# ── the private names, each used here only ─────────────────────────────────────────────────────────────────────
+
+def attention_implementation(model: Any) -> str | None:
+    """The name of the attention function `model` runs (transformers keeps it on the config)."""
+    return getattr(model.config, "_attn_implementation", None)
+
+
+def use_attention(model: Any, name: str) -> None:
+    """Make `model` run the attention function registered as `name` (public, but named like the private field)."""
+    model.set_attn_implementation(name)
+
+
+def has_hooks(module: Any) -> bool:
+    """Whether `module` has a hook: accelerate's (moving or offloading weights) or PyTorch's own."""
+    return bool(hasattr(module, "_hf_hook") or module._forward_hooks or module._forward_pre_hooks)
+
+
+def int8_product(module: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The quantized product an int8 layer of `quantize_int8` makes in its forward, as one direct call; None for
+    any other module (its forward only picks this product, and casts float32 to float32)."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+    if (type(module) is DynamicInt8Linear and module._packed_params.dtype == torch.qint8
+            and (module.version or 0) >= 4):
+        packed = module._packed_params._packed_params
+        return lambda inputs: torch.ops.quantized.linear_dynamic(inputs, packed, reduce_range=True)
+    return None
+
+
+def pack_bf16_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight reordered once into oneDNN's blocked layout (what PyTorch's compiler does for frozen models)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
+
+
+def packed_bf16_linear(flat: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear` of 2-D `flat` with a weight `pack_bf16_weight` laid out."""
+    return torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+
+
+class CacheLayer(DynamicLayer):
+    """A cache layer of the engine's own, seen by transformers as a `DynamicLayer`: `open_like` allocates it from
+    the first keys it is given (transformers calls that hook `lazy_initialization`)."""
+
+    def open_like(self, key_states: torch.Tensor) -> None:
+        """Allocate the layer for keys shaped and typed like `key_states`."""
+        raise NotImplementedError
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.open_like(key_states)
+
+
+# ── the checks at load ─────────────────────────────────────────────────────────────────────────────────────────
+
+def on_checked_path(model: Any) -> bool:
+    """Whether `model` may run through the engine's own cache and decode pass (no check failed for it)."""
+    return not getattr(model, PLAIN, "")
+
+
+def missing(model: Any) -> str | None:
+    """What the engine needs that this transformers or torch lacks, or None: checked before the model changes."""
+    try:
+        if not isinstance(attention_implementation(model), str):
+            return "the model's config does not say its attention implementation (config._attn_implementation)"
+        has_hooks(model)
+    except AttributeError as error:
+        return f"{type(error).__name__}: {error}"
+    if not callable(getattr(DynamicLayer, "lazy_initialization", None)):
+        return "transformers' DynamicLayer has no lazy_initialization"
+    return None
+
+
+def packing_fails(linear: torch.nn.Linear) -> str | None:
+    """Why `linear` (bf16, on the CPU) cannot be packed here: the kernel is missing or gives other outputs than
+    `F.linear`; None when a few rows through it give exactly what `F.linear` gives."""
+    try:
+        probe = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(0)).to(linear.weight.dtype)
+        with torch.inference_mode():
+            packed = packed_bf16_linear(probe, pack_bf16_weight(linear.weight), linear.bias)
+            expected = torch.nn.functional.linear(probe, linear.weight, linear.bias)
+    except (AttributeError, RuntimeError) as error:  # no mkldnn ops in this build, or no bf16 support in them
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return None if torch.equal(packed, expected) else "the packed product differs from F.linear"
+
+
+def cache_mismatch(model: Any) -> str | None:
+    """Why the engine's batch cache cannot stand in for transformers' own, or None: a tiny batch (`_probe_batch`)
+    through the model's forward over a batch cache (kv_cache.py) and over transformers' `DynamicCache` must give
+    the same scores, within rounding (`STEP_TOLERANCE`), and the same keys and values in the first layer, bit for
+    bit. Run on a model whose products are floating point (before int8 quantizing, whose batch-wide activation
+    scales would turn the last bit of a difference into a large one)."""
+    return _reason_if_raises(_compare_caches, model)
+
+
+def pass_mismatch(model: Any) -> str | None:
+    """Why the decode pass (forward_pass.py) cannot stand in for the model's forward, or None: where it takes
+    a step of this model, its scores over a batch cache must be those of the model's forward, bit for bit."""
+    return _reason_if_raises(_compare_passes, model)
+
+
+def fall_back(model: Any, reason: str) -> None:
+    """Put `model` on transformers' own attention, forward and cache, and say why in one log line."""
+    from agent.llm.engine.attention import NAME
+    from agent.llm.engine.kv_cache import KV_DTYPE
+
+    setattr(model, PLAIN, reason)
+    if hasattr(model, KV_DTYPE):
+        delattr(model, KV_DTYPE)
+    if attention_implementation(model) == NAME:
+        use_attention(model, "sdpa")
+    log.warning("the engine's fast path is off, running on transformers' own forward and cache: %s", reason)
+
+
+def _reason_if_raises(check: Callable[[Any], str | None], model: Any) -> str | None:
+    try:
+        return check(model)
+    except Exception as error:  # an internal that changed shape or signature: the reason, not a crash
+        return f"{check.__name__.strip('_')}: {type(error).__name__}: {_first_line(error)}"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _compare_caches(model: Any) -> str | None:
+    from transformers import DynamicCache
+
+    from agent.llm.engine.kv_cache import batch_cache
+
+    ids, mask, steps = _probe_batch(model)
+    kept = _keep_kv_dtype(model)
+    try:
+        roomy = batch_cache(model, [], 0, ids.shape[1], sum(step.shape[1] for step in steps))
+        engine = _run_probe(model, roomy, ids, mask, steps)
+        plain = DynamicCache(config=model.config)
+        reference = _run_probe(model, plain, ids, mask, steps)
+    finally:
+        _keep_kv_dtype(model, kept)
+    difference = max(float((mine - theirs).abs().max() / theirs.abs().max()) for mine, theirs in zip(engine, reference))
+    log.debug("the engine's cache check: scores within %.2g of transformers' cache's (relative)", difference)
+    if not difference <= STEP_TOLERANCE:  # NaN compares false too
+        return "the model's forward over the engine's batch cache does not give its scores over DynamicCache"
+    if not (torch.equal(roomy.layers[0].keys, plain.layers[0].keys)
+            and torch.equal(roomy.layers[0].values, plain.layers[0].values)):
+        return "the engine's batch cache does not hold the first layer's keys and values as DynamicCache does"
+    return None
+
+
+def _compare_passes(model: Any) -> str | None:
+    from agent.llm.engine import forward_pass
+    from agent.llm.engine.kv_cache import batch_cache
+
+    ids, mask, steps = _probe_batch(model)
+    new_tokens = sum(step.shape[1] for step in steps)
+    ours, theirs = (batch_cache(model, [], 0, ids.shape[1], new_tokens) for _ in range(2))
+    if not forward_pass.fits(model, ours, steps[0].shape[1]):
+        return None  # the model's forward takes every step: nothing to compare
+    mine = _run_probe(model, ours, ids, mask, steps, own_pass=True)
+    expected = _run_probe(model, theirs, ids, mask, steps)
+    if not all(torch.equal(a, b) for a, b in zip(mine, expected)):
+        return "the decode pass (forward_pass.py) does not give the model's forward's scores"
+    return None
+
+
+def _keep_kv_dtype(model: Any, kept: Any = None) -> Any:
+    """Take the batch caches' own KV dtype off `model` (returned), or put `kept` back: the caches are compared in
+    the model's dtype (their own is a plain copy into a narrower tensor)."""
+    from agent.llm.engine.kv_cache import KV_DTYPE
+
+    if kept is not None:
+        setattr(model, KV_DTYPE, kept)
+        return None
+    kept = getattr(model, KV_DTYPE, None)
+    if kept is not None:
+        delattr(model, KV_DTYPE)
+    return kept
+
+
+def _run_probe(model: Any, cache: Any, ids: torch.Tensor, mask: torch.Tensor, steps: list[torch.Tensor],
+               own_pass: bool = False) -> list[torch.Tensor]:
+    """The prompt's last scores and each step's, through the model's forward (or the decode pass for the steps)."""
+    from agent.llm.engine import forward_pass
+    from agent.llm.engine.decode_loop import cache_argument
+
+    through = cache_argument(model)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        scores = [model(input_ids=ids, attention_mask=mask, position_ids=positions, **{through: cache},
+                        use_cache=True, logits_to_keep=1).logits.float()]
+        following = positions[:, -1:] + 1
+        for step in steps:
+            mask = torch.cat([mask, torch.ones_like(step)], dim=1)
+            columns = following + torch.arange(step.shape[1], device=step.device)
+            if own_pass:
+                scores.append(forward_pass.decode_pass(model, step, mask, columns, cache, step.shape[1]))
+            else:
+                scores.append(model(input_ids=step, attention_mask=mask, position_ids=columns, **{through: cache},
+                                    use_cache=True, logits_to_keep=step.shape[1]).logits.float())
+            following = following + step.shape[1]
+    return scores
+
+
+def _probe_batch(model: Any) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Two rows of 20 prompt tokens (past a decode step's width, so the prompt path runs too), the second with
+    three columns of padding, and two steps of two tokens a row: fixed token ids, on the model's device."""
+    device = model.device
+    vocabulary = min(model.config.vocab_size, 1000)
+    tokens = torch.randint(1, vocabulary, (2, 24), generator=torch.Generator().manual_seed(0)).to(device)
+    mask = torch.ones(2, 20, dtype=torch.long, device=device)
+    mask[1, :3] = 0
+    return tokens[:, :20], mask, [tokens[:, 20:22], tokens[:, 22:24]]

@@ -1,0 +1,234 @@
+"""Loading the model, on the model thread: where MODEL points, which dtype, the converted copy of a GGUF file, and
+the engine's own layers (weights.py); `load_model` is what `ModelThread` runs first.
+
+`MODEL` is a Hugging Face hub id (`Qwen/Qwen2.5-1.5B-Instruct`), a local folder holding one, or a `.gguf` file
+(transformers de-quantizes it with the `gguf` package); a hub id goes through hub.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from agent.errors import ModelLoadError
+from agent.llm.base import MODEL_DTYPES
+from agent.llm.engine.grammar_masks import GrammarEngine
+from agent.llm.engine.hub import hub_load_options
+from agent.llm.engine.model_thread import LoadedModel
+from agent.llm.engine.weights import speed_up
+
+log = logging.getLogger(__name__)
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where `MODEL` points: what to hand `from_pretrained`, and the GGUF file inside it if any."""
+
+    setting: str  # MODEL exactly as configured, for error messages
+    location: str  # a hub id or a folder
+    gguf_file: str | None = None
+    hub: bool = False  # `location` is a hub id
+
+
+def resolve_model(setting: str, base_dir: Path | None = None) -> ModelSource:
+    """Tell a `.gguf` file, a local folder and a hub id apart; a missing local path is a `ModelLoadError`.
+
+    A relative path is looked for inside `base_dir` (the data directory), not in the current folder.
+    """
+    path = (base_dir or Path()) / Path(setting).expanduser()
+    where = f" ({path})" if path.is_absolute() and str(path) != setting else ""
+    if setting.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"MODEL {setting}: no such file{where}")
+        return ModelSource(setting, str(path.parent), path.name)
+    if path.is_dir():
+        return ModelSource(setting, str(path))
+    if _HUB_ID.match(setting) and not setting.startswith("."):
+        return ModelSource(setting, setting, hub=True)
+    raise ModelLoadError(f"MODEL {setting}: no such file or folder{where} "
+                         "(nor a hub id like Qwen/Qwen2.5-1.5B-Instruct)")
+
+
+def choose_dtype(setting: str, on_gpu: bool) -> Any:
+    """The torch dtype for MODEL_DTYPE; `auto` means bf16 where the hardware computes it natively, else fp32.
+
+    Native bf16: a CUDA GPU, or a CPU with avx512_bf16 or AMX (several times faster than fp32 there: bench/README.md).
+    Without those instructions bf16 is emulated and slower than fp32. bf16 is not batch-invariant: rounding can
+    flip a near-tied greedy choice when the batch shape changes; MODEL_DTYPE=float32 buys exact, batch-independent
+    outputs (on a CPU) at that speed cost.
+    """
+    import torch
+
+    check_dtype_setting(setting)
+    if setting == "auto":
+        return torch.bfloat16 if on_gpu or cpu_has_native_bf16() else torch.float32
+    if setting == "int8":
+        return torch.float32  # loaded in fp32, then its linear layers quantized (`quantize_int8`)
+    return getattr(torch, setting)
+
+
+def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has bf16 arithmetic instructions (Linux's flags; elsewhere assume not)."""
+    try:
+        flags = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def check_dtype_setting(setting: str) -> None:
+    """Refuse an unknown MODEL_DTYPE before anything slow happens."""
+    if setting not in MODEL_DTYPES:
+        raise ModelLoadError(f"MODEL_DTYPE must be one of {', '.join(MODEL_DTYPES)}, got {setting!r}")
+
+
+def load_options(source: ModelSource, cache_dir: Path | None) -> dict[str, Any]:
+    """The `from_pretrained` options for `source`: its GGUF file, or for a hub id the cache (see hub.py)."""
+    if source.gguf_file:
+        return {"gguf_file": source.gguf_file}
+    if source.hub:
+        return hub_load_options(source.location, cache_dir)
+    return {}
+
+
+def load_model(source: ModelSource, device_map: str, dtype_setting: str,
+               converted_dir: Path | None = None, cache_dir: Path | None = None,
+               native_tools: bool = False) -> LoadedModel:
+    """Load tokenizer and model (on the model thread); every failure becomes one clear `ModelLoadError` line.
+
+    A GGUF file is converted on its first load (tokenizer built, weights de-quantized: a minute on a small CPU)
+    and, with `converted_dir`, saved there in transformers' own format, so later starts load in seconds. A hub
+    id is looked for, and downloaded, in `cache_dir`. `native_tools`: the agent will offer tools through the chat
+    template (AGENT_MODE=native), so the template must render them; that is checked before the weights load.
+    """
+    import torch
+
+    started = time.perf_counter()
+    on_gpu = torch.cuda.is_available() and device_map not in ("", "cpu")
+    if dtype_setting == "int8" and on_gpu:
+        raise ModelLoadError("MODEL_DTYPE=int8 is for CPUs (its kernels run there only): on a GPU use auto (bf16), "
+                             "or MODEL_DEVICE_MAP=cpu")
+    dtype = choose_dtype(dtype_setting, on_gpu)
+    converted = converted_folder(source, dtype, converted_dir)
+    try:
+        if converted is not None and (converted / COMPLETE_MARK).is_file():
+            tokenizer, model = _from_pretrained(ModelSource(source.setting, str(converted)), dtype, device_map,
+                                                native_tools=native_tools)
+        else:
+            tokenizer, model = _from_pretrained(source, dtype, device_map, cache_dir, native_tools)
+            if converted is not None:
+                save_converted(model, tokenizer, converted)
+    except ModelLoadError:
+        raise
+    except Exception as error:
+        raise ModelLoadError(f"MODEL {source.setting}: cannot load it: {_first_line(error)}") from error
+    model.eval()
+    model = speed_up(model, on_gpu=on_gpu, int8=dtype_setting == "int8", native_bf16=cpu_has_native_bf16())
+    grammars = GrammarEngine(tokenizer)
+    # Logged once the model can answer (bench/bench_local.py times a second start of `qwenbot ask` to this line).
+    log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, "int8" if dtype_setting == "int8" else model.dtype,
+             model.device, time.perf_counter() - started,
+             f" from {converted}" if converted and converted.exists() else "")
+    return LoadedModel(model, tokenizer, grammars)
+
+
+def _from_pretrained(source: ModelSource, dtype: Any, device_map: str, cache_dir: Path | None = None,
+                     native_tools: bool = False) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    options = load_options(source, cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
+    check_chat_template(source, tokenizer)
+    if native_tools:
+        check_renders_tools(source, tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, device_map=device_map or None,
+                                                 **options)
+    return tokenizer, model
+
+
+COMPLETE_MARK = "converted.ok"  # written last: a folder without it is an interrupted save, converted again
+_HASHED_BYTES = 16 * 1024 * 1024
+
+
+def converted_folder(source: ModelSource, dtype: Any, converted_dir: Path | None) -> Path | None:
+    """Where a GGUF's converted copy lives: named by the file's size and the hash of its first 16 MiB (its header
+    and metadata, so a replaced file is converted again) and the dtype; None for models that need no converting."""
+    if converted_dir is None or source.gguf_file is None:
+        return None
+    path = Path(source.location) / source.gguf_file
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        digest.update(file.read(_HASHED_BYTES))
+    digest.update(str(path.stat().st_size).encode())
+    return Path(converted_dir) / f"{path.stem}-{digest.hexdigest()[:16]}-{str(dtype).removeprefix('torch.')}"
+
+
+@contextlib.contextmanager
+def _as_plain_weights(model: Any) -> Iterator[None]:
+    """A de-quantized GGUF model still carries its GGUF quantizer, which refuses `save_pretrained`; its weights
+    are plain tensors by then, so it is saved (and later loaded) as the ordinary model it has become."""
+    quantizer, config = getattr(model, "hf_quantizer", None), getattr(model.config, "quantization_config", None)
+    model.hf_quantizer = None
+    if config is not None:
+        del model.config.quantization_config
+    try:
+        yield
+    finally:
+        model.hf_quantizer = quantizer
+        if config is not None:
+            model.config.quantization_config = config
+
+
+def save_converted(model: Any, tokenizer: Any, folder: Path) -> None:
+    """Save the converted model; a failure (a full disk, a read-only folder) is logged, never fatal."""
+    partial = folder.with_name(folder.name + ".partial")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        with _as_plain_weights(model):
+            model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        (partial / COMPLETE_MARK).write_text("ok\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        partial.rename(folder)
+        log.info("saved the converted model to %s: the next start loads it directly", folder)
+    except OSError as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        log.warning("could not save the converted model to %s (%s): every start converts it again", folder, error)
+
+
+def check_chat_template(source: ModelSource, tokenizer: Any) -> None:
+    """A base model without a chat template cannot hold a conversation: refuse it at start-up."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(f"MODEL {source.setting}: its tokenizer has no chat template; use an instruct/chat model")
+
+
+# A tool to offer a chat template, to see whether it renders tools at all.
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool", "description": "A probe.",
+                                                "parameters": {"type": "object", "properties": {}}}}
+
+
+def check_renders_tools(source: ModelSource, tokenizer: Any) -> None:
+    """Native tool calling offers tools through the chat template: refuse a template that leaves them out.
+
+    Such a template (SmolLM2's, for one) would silently show the model no tools at all.
+    """
+    chat = [{"role": "user", "content": "Hello"}]
+    plain = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    offered = tokenizer.apply_chat_template(chat, tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True)
+    if "probe_tool" not in offered or offered == plain:
+        raise ModelLoadError(f"MODEL {source.setting}: its chat template ignores tools, so AGENT_MODE=native would "
+                             "show the model none; use AGENT_MODE=react")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,1 @@
+"""What every package of the bot shares and nothing of it imports: the root of the error tree (errors.py)."""
