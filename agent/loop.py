@@ -244,7 +244,8 @@ class Agent:
     async def _call_tool(self, request: ToolRequest, state: TurnState) -> tuple[str, str | None]:
         allowed = [tool.name for tool in state.tools]
         result = await self.registry.call(request.tool, request.arguments if request.arguments is not None else {},
-                                          allowed=allowed, before_run=partial(self._audit, state))
+                                          allowed=allowed, before_run=partial(self._audit, state),
+                                          chat_key=state.session.chat_key)
         return truncate(result.output, self.limits.observation_max_chars), result.error
 
     async def _audit(self, state: TurnState, tool: Tool, arguments: dict[str, Any]) -> None:

@@ -57,6 +57,7 @@ ADMIN_EXAMPLES = {
     "mcp_add": '/mcp_add wiki http://127.0.0.1:9/mcp "Authorization=Bearer x"', "mcp_list": "/mcp_list",
     "mcp_del": "/mcp_del wiki", "mcp_refresh": "/mcp_refresh wiki",
     "require_tool": "/require_tool on",
+    "docs all": "/docs all", "doc_add": "/doc_add global", "doc_del": "/doc_del 1", "doc_scope": "/doc_scope 1 global",
 }
 ANONYMOUS_ADMIN = User(1087968824, "Group", username="GroupAnonymousBot", is_bot=True)  # Telegram's stand-in
 REFUSED = "⛔ This command is for admins only."

@@ -4,6 +4,8 @@
     ├── UnknownTool         no registered tool has that name (also a KeyError, for lookups)
     ├── CalculationError    not plain arithmetic, or too big to compute
     ├── CourseError         an invalid course change (empty name, negative lessons, unknown course)
+    ├── DocumentError       a document that cannot be added (type, size, no text, a zip bomb, the budget), or an
+    │                       unknown document id
     └── McpToolError        an MCP server's tool answered with an error, or changed its parameters
         └── ServerUnavailable   the MCP server cannot be reached, hung up, or is waiting to be retried
 
@@ -39,6 +41,10 @@ class CalculationError(ToolError):
 
 class CourseError(ToolError):
     """A course change the database refuses."""
+
+
+class DocumentError(ToolError):
+    """A document the library refuses, or one it does not have; the message is one line saying why."""
 
 
 class McpToolError(ToolError):

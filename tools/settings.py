@@ -50,8 +50,10 @@ class ToolSettings:
         return ToolState(tool, tool.enabled_by_default, "default")
 
     async def enabled_tools(self, chat_key: str) -> list[Tool]:
-        """The tools the model may use in the chat `chat_key`."""
-        return [state.tool for state in await self.states(chat_key) if state.enabled]
+        """The tools the model may use in the chat `chat_key`: enabled there, and with something to offer there
+        (the documents tools, where the chat can see a document)."""
+        states = await self.states(chat_key)
+        return [state.tool for state in states if state.enabled and await state.tool.offered(chat_key)]
 
     async def set_enabled(self, tool_name: str, enabled: bool, scope: str = GLOBAL, *,
                           confirmed: bool = False) -> None:

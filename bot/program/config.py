@@ -4,11 +4,12 @@
     settings.agent.max_steps                 MAX_STEPS
 
 `Settings` is one frozen object made of small frozen groups (telegram, webhook, access, storage, model, engine,
-openai, scripted, agent, tools, turns, streaming, mcp, logging, doctor), each the one place of its defaults. A
+openai, scripted, agent, tools, docs, turns, streaming, mcp, logging, doctor), each the one place of its defaults. A
 field is named as its variable in lower case, so the variables never changed with the grouping and a grep for
 either finds both. Where a component of `agent/` or `tools/` has a limits class (`AgentLimits`, `GrammarLimits`,
-`SpeculativeLimits`, `StreamLimits`, `McpLimits`) or a named default, the group takes its default from there, so each
-default is written once; bot/program/services.py builds those classes from the groups by keyword.
+`SpeculativeLimits`, `StreamLimits`, `McpLimits`, `DocsLimits`) or a named default, the group takes its default
+from there, so each default is written once; bot/program/services.py builds those classes from the groups by
+keyword.
 
 Each variable is mirrored, with its default and an explanation, in `.env.example`, in one section per group.
 Tests build settings with `Settings.of(max_steps=3, …)` (flat keywords, named as the fields), `settings.replaced(…)`,
@@ -33,6 +34,7 @@ from agent.prompts import REACT_LAYOUTS
 from bot.program.env import ConfigError, not_negative, one_of, parse, positive, shown
 from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
 from db.connection import BUSY_TIMEOUT_SECONDS
+from tools.docs_store import MB, DocsLimits
 from tools.mcp import McpLimits
 from tools.registry import TOOL_TIMEOUT_SECONDS
 
@@ -55,8 +57,17 @@ class TelegramSettings:
 
     telegram_bot_token: str = ""
     telegram_base_url: str = "https://api.telegram.org/bot"
+    telegram_base_file_url: str = ""  # where files are downloaded from; empty: TELEGRAM_BASE_URL's …/bot as …/file/bot
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
+
+    def file_url(self) -> str:
+        """Where the bot downloads files (getFile's paths): TELEGRAM_BASE_FILE_URL, else TELEGRAM_BASE_URL with its
+        /bot ending as /file/bot, as the Bot API serves them (api.telegram.org/bot → api.telegram.org/file/bot)."""
+        if self.telegram_base_file_url:
+            return self.telegram_base_file_url
+        base = self.telegram_base_url.rstrip("/")
+        return base[:-len("/bot")] + "/file/bot" if base.endswith("/bot") else base + "/file/bot"
 
 
 @dataclass(frozen=True)
@@ -223,6 +234,34 @@ class ToolsSettings:
 
 
 @dataclass(frozen=True)
+class DocsSettings:
+    """The team's documents (`docs_search`, `docs_read`): sizes and budget, chunks, results; defaults from
+    `DocsLimits` (tools/docs_store.py)."""
+
+    docs_max_file_mb: float = DocsLimits.max_file_bytes / MB
+    docs_max_total_mb: float = DocsLimits.max_total_bytes / MB
+    docs_chunk_chars: int = DocsLimits.chunk_chars
+    docs_search_results: int = DocsLimits.search_results
+    docs_max_unpacked_mb: float = DocsLimits.max_unpacked_bytes / MB
+    docs_max_zip_ratio: float = DocsLimits.max_zip_ratio
+
+    def validate(self) -> None:
+        """Refuse sizes and counts that are not positive, and chunks too small to hold a sentence."""
+        positive(self, ("docs_max_file_mb", "docs_max_total_mb", "docs_search_results", "docs_max_unpacked_mb",
+                        "docs_max_zip_ratio"))
+        if self.docs_chunk_chars < 100:
+            raise ConfigError(f"DOCS_CHUNK_CHARS must be at least 100, got {self.docs_chunk_chars}")
+
+    def limits(self) -> DocsLimits:
+        """The library's limits in bytes."""
+        return DocsLimits(max_file_bytes=int(self.docs_max_file_mb * MB),
+                          max_total_bytes=int(self.docs_max_total_mb * MB),
+                          chunk_chars=self.docs_chunk_chars, search_results=self.docs_search_results,
+                          max_unpacked_bytes=int(self.docs_max_unpacked_mb * MB),
+                          max_zip_ratio=self.docs_max_zip_ratio)
+
+
+@dataclass(frozen=True)
 class TurnsSettings:
     """A question's way through: how many may wait, how long it may be, how its answer is delivered, and how
     long running turns get at shutdown."""
@@ -308,6 +347,7 @@ class Settings:
     scripted: ScriptedSettings = field(default_factory=ScriptedSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     tools: ToolsSettings = field(default_factory=ToolsSettings)
+    docs: DocsSettings = field(default_factory=DocsSettings)
     turns: TurnsSettings = field(default_factory=TurnsSettings)
     streaming: StreamingSettings = field(default_factory=StreamingSettings)
     mcp: McpSettings = field(default_factory=McpSettings)

@@ -17,11 +17,14 @@ from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
 from agent.options import ChatOptions
 from agent.tokens import qwen_token_counter
+from bot.program.audit import insert_audit
 from bot.program.config import Settings
 from bot.program.logs import add_secrets
 from db import Database, DatabaseOpenError, open_database
 from tools import build_registry
 from tools.courses import CourseCatalog
+from tools.docs import DocsTools
+from tools.docs_store import DocumentLibrary
 from tools.mcp import McpHub, McpLimits
 from tools.mcp_store import read_config
 from tools.registry import ToolRegistry
@@ -44,6 +47,7 @@ class Services:
     agent: Agent
     mcp: McpHub
     options: ChatOptions
+    documents: DocumentLibrary
 
     async def close(self) -> None:
         """Close the MCP connections, stop the model, then close the database."""
@@ -88,7 +92,9 @@ async def start_services(settings: Settings, llm: LLM | None = None, *, new_data
         await db.close()
         raise
     catalog = CourseCatalog(db)
-    registry = build_registry(db, settings.tools.tool_timeout_seconds, settings.tools.course_names_free_text)
+    documents = document_library(settings, db)
+    registry = build_registry(db, settings.tools.tool_timeout_seconds, settings.tools.course_names_free_text,
+                              docs_tools(settings, documents))
     mcp = mcp_hub(settings, db, registry, mcp_config)
     try:
         await mcp.start()
@@ -101,7 +107,17 @@ async def start_services(settings: Settings, llm: LLM | None = None, *, new_data
     memory = Memory(db)
     options = ChatOptions(db)
     agent = Agent(llm, registry, tool_settings, memory, agent_limits(settings), options)
-    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp, options)
+    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp, options, documents)
+
+
+def document_library(settings: Settings, db: Database) -> DocumentLibrary:
+    """The team's documents in `db`, with the limits of the docs group; its changes are audited."""
+    return DocumentLibrary(db, settings.docs.limits(), audit=insert_audit)
+
+
+def docs_tools(settings: Settings, library: DocumentLibrary) -> DocsTools:
+    """`docs_search` and `docs_read` over `library`, answering within OBSERVATION_MAX_CHARS."""
+    return DocsTools(library, settings.agent.observation_max_chars)
 
 
 def mcp_hub(settings: Settings, db: Database, registry: ToolRegistry, config: list | None = None) -> McpHub:

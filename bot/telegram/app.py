@@ -22,7 +22,7 @@ from telegram.ext import Application, ApplicationBuilder, CommandHandler, Contex
 from agent.llm.base import LLM
 from bot.program.config import Settings
 from bot.program.services import Services, naming_database_path, start_services
-from bot.telegram import admin, admin_mcp, handlers
+from bot.telegram import admin, admin_docs, admin_mcp, handlers
 from bot.telegram.context import DELIVERIES, PROGRESS, SERVICES, TURNS, BotContext, runtime_data
 from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
 from bot.telegram.ratelimit import BotRateLimiter
@@ -44,6 +44,7 @@ USER_COMMANDS = [
     ("cancel", "stop the running answer", "停止正在进行的回答"),
     ("trace", "steps of the last answer", "上一次回答的步骤"),
     ("tools", "tools enabled here", "本聊天可用的工具"),
+    ("docs", "documents I can search here", "本聊天可搜索的文档"),
 ]
 ADMIN_COMMANDS = [
     ("tool_on", "NAME [global] [destructive]: enable a tool"),
@@ -61,6 +62,9 @@ ADMIN_COMMANDS = [
     ("mcp_add", "NAME URL [Header=value]: connect an MCP server"),
     ("mcp_refresh", "NAME: list a server's tools again"),
     ("mcp_del", "NAME: remove an MCP server"),
+    ("doc_add", "[global], replying to a file: add a document"),
+    ("doc_del", "ID: remove a document"),
+    ("doc_scope", "ID global|here: where a document is searched"),
 ]
 
 
@@ -75,6 +79,7 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
         ApplicationBuilder()
         .token(settings.telegram.telegram_bot_token)
         .base_url(settings.telegram.telegram_base_url)
+        .base_file_url(settings.telegram.file_url())
         .context_types(ContextTypes(context=BotContext))
         .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram.telegram_messages_per_second,
                                      group_max_rate=settings.telegram.telegram_group_messages_per_minute,
@@ -105,13 +110,24 @@ def register_handlers(application: Application) -> None:
         "allow": admin.allow, "deny": admin.deny, "admins": admin.admins, "stats": admin.stats,
         "mcp_add": admin_mcp.mcp_add, "mcp_list": admin_mcp.mcp_list, "mcp_del": admin_mcp.mcp_del,
         "mcp_refresh": admin_mcp.mcp_refresh,
+        "docs": handlers.docs, "doc_add": admin_docs.doc_add, "doc_del": admin_docs.doc_del,
+        "doc_scope": admin_docs.doc_scope,
     }
-    # `/tools all` (admins) before plain `/tools`: the first matching handler of a group wins.
+    # `/tools all` and `/docs all` (admins) before plain `/tools` and `/docs`: the first matching handler wins.
     application.add_handler(CommandHandler("tools", admin.tools_all, filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
     application.add_handler(CommandHandler("tools", handlers.tools, filters=typed))
+    application.add_handler(CommandHandler("docs", admin_docs.docs_all,
+                                           filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
     for name, callback in commands.items():
         application.add_handler(CommandHandler(name, callback, filters=typed))
     application.add_handler(MessageHandler(new & filters.StatusUpdate.MIGRATE, handlers.on_migrate))
+    # Documents: a file with /doc_add as its caption (typed, not forwarded: a forwarded caption is someone else's
+    # text), anywhere; any file in a private chat (forwarding one to the bot is how an admin hands it over). Image
+    # files are pictures to ask about, not documents to search.
+    application.add_handler(MessageHandler(
+        typed & filters.Document.ALL & filters.CaptionRegex(admin_docs.CAPTION_COMMAND), admin_docs.doc_add_caption))
+    application.add_handler(MessageHandler(new & private & filters.Document.ALL & ~filters.Document.IMAGE,
+                                           admin_docs.on_private_file))
     application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
     application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
     application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,

@@ -10,6 +10,7 @@ import logging
 from telegram import Update
 from telegram.error import Forbidden
 
+from bot.program.doc_reports import documents_text
 from bot.telegram.chat import allowed, is_group, reply, reply_or_refuse, session_for, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
@@ -86,6 +87,15 @@ async def tools(update: Update, context: BotContext) -> None:
     chat_key = session_for(update.effective_message).chat_key
     enabled = await context.services.tool_settings.enabled_tools(chat_key)
     await reply(update.effective_message, tools_text(enabled, user_language(update)))
+
+
+async def docs(update: Update, context: BotContext) -> None:
+    """/docs: the documents this chat can search (/docs all, for admins, is in bot/telegram/admin_docs.py)."""
+    if not await allowed(update, context):
+        return
+    here = session_for(update.effective_message).chat_key
+    listing = documents_text(await context.services.documents.documents(here), here)
+    await reply(update.effective_message, listing)
 
 
 async def unknown_command(update: Update, context: BotContext) -> None:

@@ -23,6 +23,7 @@ from agent.errors import LLMCancelled, LLMError, LLMTimeout, TurnNotSaved
 from agent.events import AnswerText, EventSink, ToolStarted
 from agent.memory import Session
 from bot.program.config import Settings
+from bot.program.doc_reports import with_sources
 from bot.telegram.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
@@ -255,12 +256,12 @@ async def agent_answer(context: BotContext, session: Session, question: str, slo
         # once the database frees (`save_later`).
         log.warning("database busy in %s as the turn was stored (%s): delivering the answer first", session.id,
                     unsaved)
-        return TurnAnswer(unsaved.result.answer, save=unsaved.save)
+        return TurnAnswer(await with_sources(context.services.documents, unsaved.result, lang), save=unsaved.save)
     except DatabaseBusy as error:
         # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS before the turn had an answer.
         log.warning("database busy in %s: %s", session.id, error)
         return TurnAnswer(text("busy", lang))
-    return TurnAnswer(result.answer)
+    return TurnAnswer(await with_sources(context.services.documents, result, lang))  # the documents it used
 
 
 async def save_later(context: BotContext, save: Callable[[], Awaitable[int]], slot: TurnSlot) -> None:

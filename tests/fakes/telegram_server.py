@@ -10,7 +10,10 @@
 It serves what the bot calls: getMe, getUpdates (long polling with `timeout`; an update stays queued until a later
 call's `offset` confirms it, as Telegram does), sendMessage, sendMessageDraft (private chats only, as Telegram;
 `FakeTelegramServer(drafts=False)` answers it "Not Found", as Bot API servers before 9.3 do), editMessageText,
-deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo. Like the real server it refuses texts over 4096
+deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo; and files as the real Bot
+API serves them: `send_document` queues a message with a document, `getFile` answers its `file_path` (refusing a
+file over 20 MB, "file is too big", as Telegram does for bots) and GET /file/bot<token>/<file_path> downloads it.
+Like the real server it refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
 method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
 effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
@@ -34,12 +37,13 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 from tests.fakes.openai_server import json_bytes
 
 TOKEN = "123456:TEST-token-for-the-fake-server"
 MAX_TEXT = 4096
+MAX_DOWNLOAD = 20 * 1024 * 1024  # getFile refuses bigger files: bots download at most 20 MB
 # Form fields PTB sends JSON-encoded; everything else (text, parse_mode, action...) is a plain string.
 JSON_FIELDS = {
     "chat_id", "message_id", "reply_parameters", "commands", "scope", "timeout", "offset", "limit",
@@ -150,6 +154,7 @@ class _State:
     messages: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     next_message_id: dict[int, int] = field(default_factory=dict)
     webhook_url: str = ""
+    files: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # file_id → (file_path, content)
 
 
 class FakeTelegramServer:
@@ -258,6 +263,31 @@ class FakeTelegramServer:
                               "width": 512, "height": 512, "is_animated": False, "is_video": False}
         self.push_update("message", message)
         return message["message_id"]
+
+    def send_document(self, chat: Chat, user: User, name: str, content: bytes, *, caption: str | None = None,
+                      mime_type: str = "application/octet-stream", reply_to: int | None = None,
+                      file_size: int | None = None) -> int:
+        """`user` sends the file `name` holding `content` (with a `caption`, whose /command gets its entity), as
+        Telegram delivers documents; returns the message id. `file_size` overrides the size the message declares
+        (a file too big to download is never stored whole)."""
+        message = self._user_message(chat, user, None, reply_to)
+        message["document"] = self.add_file(name, content, mime_type, file_size)
+        if caption is not None:
+            message["caption"] = caption
+            if _entities(caption):
+                message["caption_entities"] = _entities(caption)
+        self.push_update("message", message)
+        return message["message_id"]
+
+    def add_file(self, name: str, content: bytes, mime_type: str = "application/octet-stream",
+                 file_size: int | None = None) -> dict[str, Any]:
+        """Store a file for getFile and downloads; its Document object as a message carries it."""
+        with self._lock:
+            number = len(self._state.files) + 1
+            file_id = f"doc-{number}-{name}"
+            self._state.files[file_id] = (f"documents/file_{number}{_suffix(name)}", content)
+        return {"file_id": file_id, "file_unique_id": f"u{number}", "file_name": name, "mime_type": mime_type,
+                "file_size": len(content) if file_size is None else file_size}
 
     def push_message(self, chat: Chat, user: User | None, *, kind: str = "message", **fields: Any) -> int:
         """Any message as an update of `kind` (message, edited_message, channel_post...), for bad-input tests:
@@ -466,6 +496,22 @@ class FakeTelegramServer:
                 raise _ApiError(400, "Bad Request: message to delete not found")
         return True
 
+    def _api_getFile(self, params: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            stored = self._state.files.get(str(params.get("file_id", "")))
+        if stored is None:
+            raise _ApiError(400, "Bad Request: invalid file_id")
+        path, content = stored
+        if len(content) > MAX_DOWNLOAD:
+            raise _ApiError(400, "Bad Request: file is too big")
+        return {"file_id": params["file_id"], "file_unique_id": params["file_id"], "file_size": len(content),
+                "file_path": path}
+
+    def download(self, path: str) -> bytes | None:
+        """The content at a getFile `file_path`, or None."""
+        with self._lock:
+            return next((content for stored, content in self._state.files.values() if stored == path), None)
+
     def _api_sendChatAction(self, params: dict[str, Any]) -> bool:
         return True
 
@@ -532,6 +578,11 @@ def _entities(text: str) -> list[dict[str, Any]]:
             entities.append({"type": "mention", "offset": offset, "length": _utf16_len(stripped)})
         position += len(word) + 1
     return entities
+
+
+def _suffix(name: str) -> str:
+    dot = name.rfind(".")
+    return name[dot:] if dot > 0 else ""
 
 
 def _utf16_len(text: str) -> int:
@@ -630,6 +681,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(params)
 
     def _serve(self, params: dict[str, Any]) -> None:
+        files = f"/file/bot{self.fake.token}/"
+        if unquote(self.path).startswith(files):  # clients quote the path, the token's colon included
+            return self._serve_file(unquote(self.path)[len(files):])
         prefix = f"/bot{self.fake.token}/"
         if not self.path.startswith(prefix):
             return self._send(401, _error(401, "Unauthorized"))
@@ -648,6 +702,21 @@ class _Handler(BaseHTTPRequestHandler):
             status, body = self.fake.handle(method, params)
         self.fake._record(method, params, status, body)
         self._send(status, body)
+
+    def _serve_file(self, path: str) -> None:
+        """A file download, as the real server serves one: the bytes, or 404."""
+        content = self.fake.download(path.split("?")[0])
+        self.fake._record("download", {"file_path": path}, 200 if content is not None else 404, {})
+        if content is None:
+            return self._send(404, _error(404, "Not Found"))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(content)))
+        self.end_headers()
+        try:
+            self.wfile.write(content)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
 
     def _lose_answer(self, method: str, params: dict[str, Any], failure: Failure) -> None:
         """Carry the call out (recorded as accepted), then answer it late, or drop the connection instead."""
