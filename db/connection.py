@@ -28,6 +28,9 @@ from db.write_lock import WriteLock
 # How long a write waits for another process's lock before DatabaseBusy (the default of
 # DATABASE_BUSY_TIMEOUT_SECONDS).
 BUSY_TIMEOUT_SECONDS = 10.0
+# What the write-ahead log is cut back to after a checkpoint: SQLite reuses the file but never shrinks it, so one
+# burst (twenty 1 MB updates) would leave it that large for good. 4 MiB is about one automatic checkpoint's worth.
+WAL_SIZE_LIMIT_BYTES = 4 * 1024 * 1024
 
 
 class Database:
@@ -76,6 +79,25 @@ class Database:
             if not is_busy(error):
                 raise
             raise DatabaseBusy(str(error)) from error
+
+    async def checkpoint(self, attempts: int = 5) -> bool:
+        """Copy the write-ahead log into the database file and empty the log, between writers (the log keeps the
+        pages a secret was written to until it is reused; after a secret is scrubbed from a row, it must go).
+        Best effort: a read still open on the shared connection makes SQLite refuse, so it is tried `attempts`
+        times; whether it was done."""
+        for attempt in range(attempts):
+            async with self._write_lock.hold(False):
+                try:
+                    async with self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)") as cursor:
+                        busy, _, _ = await cursor.fetchone()
+                except sqlite3.OperationalError as error:
+                    if not is_busy(error):
+                        raise
+                    busy = 1
+            if not busy:
+                return True
+            await asyncio.sleep(0.05 * (attempt + 1))
+        return False
 
     async def fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[aiosqlite.Row]:
         """All rows of a query."""
@@ -133,6 +155,10 @@ async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
     try:
         await conn.execute("PRAGMA journal_mode = WAL")
         await conn.execute("PRAGMA foreign_keys = ON")
+        # Deleted and overwritten content is zeroed, not left in free pages: a secret scrubbed from a row (the
+        # journal's husks, sealed MCP headers) is then gone from the file, not merely unlinked.
+        await conn.execute("PRAGMA secure_delete = ON")
+        await conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
     except sqlite3.Error as error:
         raise DatabaseOpenError(f"cannot open the database {path}: {error}") from error
 

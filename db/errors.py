@@ -7,7 +7,8 @@
     │                            sqlite3.OperationalError)
     ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
     ├── DatabaseGone             the file was deleted or replaced while the process had it open
-    └── DatabaseMissing          no database where its marker says one was created (db/marker.py)
+    ├── DatabaseMissing          no database where its marker says one was created (db/marker.py)
+    └── SecretKeyError           the key that seals secrets at rest is unusable, or not the one used
 """
 
 from __future__ import annotations
@@ -48,3 +49,7 @@ class DatabaseInUse(DatabaseError):
 
 class DatabaseMissing(DatabaseError):
     """There is no database file, but its marker shows one existed: it was lost, and is not silently replaced."""
+
+
+class SecretKeyError(DatabaseError):
+    """The key file that seals the database's secrets (db/secret_box.py) cannot be used, or sealed other data."""

@@ -11,6 +11,7 @@
 
     ConfirmationNeeded      enabling a tool that may change data needs the admin's explicit flag (not a tool failure)
     McpConfigError          MCP_CONFIG_PATH or an admin's server definition cannot be used (not a tool failure)
+    └── PrivateAddress      an admin-added server's host resolves to a loopback, private or link-local address
 
 The registry turns a `ToolError` into an observation the model can act on (error kind: the class's `kind`,
 `tool_error` unless it says otherwise); any other exception from a tool is logged as a bug and reported to the
@@ -67,3 +68,7 @@ class ConfirmationNeeded(BotError, PermissionError):
 
 class McpConfigError(BotError, ValueError):
     """An MCP server definition (the config file, or /mcp_add's arguments) cannot be used; the message says why."""
+
+
+class PrivateAddress(McpConfigError):
+    """An admin-added MCP server resolves to an address that is not public (tools/mcp_addresses.py)."""

@@ -3,6 +3,8 @@
 A tool is a plain `async def` returning text, plus its description and a JSON Schema for its arguments.
 `ToolRegistry.call` validates arguments with jsonschema and runs the tool under a time limit. Whatever goes
 wrong (unknown tool, bad arguments, an exception, a time-out) comes back as a `ToolResult` the model can read.
+Every secret the process knows is redacted from that text (core/secrets.py) before anyone reads it: a tool that
+echoes its request (an MCP server showing the headers it got) must not hand the model a token to repeat.
 
 A tool may narrow itself at the start of each turn (`Tool.narrow`): `course_query` offers the course names in the
 database as an enum, so a model decoding under the turn's grammar cannot invent a course. The narrowed schema is
@@ -26,6 +28,7 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from core.secrets import redact
 from tools.errors import ToolError
 
 log = logging.getLogger(__name__)
@@ -196,7 +199,7 @@ class ToolRegistry:
             await before_run(tool, arguments)
         given = {**arguments, "chat_key": chat_key} if tool.chat_scoped else arguments
         output, error = await self._run(tool, given)
-        return ToolResult(name, arguments, output, error, int((time.perf_counter() - started) * 1000))
+        return ToolResult(name, arguments, redact(output), error, int((time.perf_counter() - started) * 1000))
 
     async def _run(self, tool: Tool, arguments: dict[str, Any]) -> tuple[str, str | None]:
         try:

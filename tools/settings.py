@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from core.secrets import redact
 from db import Database
 from tools.errors import ConfirmationNeeded, UnknownTool
 from tools.registry import Tool, ToolRegistry
@@ -74,7 +75,7 @@ class ToolSettings:
     async def audit_call(self, tool: Tool, arguments: Any, user_id: int | None, chat_id: int | None,
                          chat_key: str) -> None:
         """Record a call to a tool that may change data, with its arguments, before it runs."""
-        detail = f"{tool.name} {json.dumps(arguments, ensure_ascii=False, sort_keys=True)} in {chat_key}"
+        detail = redact(f"{tool.name} {json.dumps(arguments, ensure_ascii=False, sort_keys=True)} in {chat_key}")
         async with self.db.transaction() as conn:
             await conn.execute("INSERT INTO audit_log (user_id, chat_id, action, detail) VALUES (?, ?, ?, ?)",
                                (user_id, chat_id, "tool_call", detail))

@@ -126,8 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return doctor_main()
     try:
         settings = Settings.from_env()
-        configure_logging(settings.logging.log_level,
-                          secrets=[settings.telegram.telegram_bot_token, settings.openai.openai_api_key])
+        configure_logging(settings.logging.log_level, secrets=settings.secrets())
         return COMMANDS[args.command](settings, args)
     except USER_ERRORS as error:
         # A token pasted into the wrong variable may be part of the message (a path, say): never show it.
@@ -175,7 +174,7 @@ def mcp_command(settings: Settings, args: argparse.Namespace) -> int:
             print(servers_text(hub))
         elif args.action == "add":
             spec = url_server(args.name, args.url, parse_headers(args.headers))
-            add_secrets(spec.headers.values())
+            add_secrets(spec.secrets)
             listing = await hub.add(spec, added_by=None)
             await audit(db, None, None, "mcp_add", f"{spec.name} {spec.where} (qwenbot mcp add)")
             print(added_text(spec, listing))
@@ -282,7 +281,9 @@ def eval_command(settings: Settings, args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as folder:
             copy = Path(folder) / "eval.sqlite3"
             await asyncio.to_thread(copy_database, settings.storage.database_path, copy)
-            run = settings.replaced(database_path=copy, turn_timeout_seconds=timeout)
+            # The copy's sealed secrets open with the real database's key, wherever the copy is.
+            run = settings.replaced(database_path=copy, turn_timeout_seconds=timeout,
+                                    secrets_key_path=str(settings.storage.secrets_key_file))
             services = await start_services(run)
             try:
                 report = await evaluate(services.agent, cases)

@@ -33,6 +33,8 @@ from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
 from bot.program.env import ConfigError, not_negative, one_of, parse, positive, shown
 from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
+from core.secrets import url_secrets
+from db.secret_box import key_file_beside
 from db.connection import BUSY_TIMEOUT_SECONDS
 from tools.docs_store import MB, DocsLimits
 from tools.mcp import McpLimits
@@ -110,6 +112,15 @@ class StorageSettings:
     database_busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS
     database_check_seconds: float = 2.0
     instance_lock_wait_seconds: float = 30.0
+    secrets_key_path: str = ""  # empty: secrets.key beside the database
+
+    @property
+    def secrets_key_file(self) -> Path:
+        """The key that seals the database's secrets (db/secret_box.py): SECRETS_KEY_PATH (inside DATA_DIR when
+        relative), or a file beside the database."""
+        if self.secrets_key_path:
+            return under(self.data_dir, Path(self.secrets_key_path))
+        return key_file_beside(self.database_path)
 
     def __post_init__(self) -> None:
         """Make DATA_DIR and the database path absolute, so neither depends on the folder `qwenbot` runs in."""
@@ -302,6 +313,7 @@ class McpSettings:
     mcp_retry_seconds: float = McpLimits.retry_seconds
     mcp_max_tools_per_server: int = McpLimits.max_tools_per_server
     mcp_description_max_chars: int = McpLimits.description_max_chars
+    mcp_allow_private_addresses: bool = McpLimits.allow_private_addresses
 
     def validate(self) -> None:
         """Refuse limits that are not positive, and a negative retry pause."""
@@ -417,6 +429,13 @@ class Settings:
             check = getattr(getattr(self, spec.name), "validate", None)
             if check is not None:
                 check()
+
+    def secrets(self) -> list[str]:
+        """Every secret the settings hold, for the redactor (core/secrets.py): the bot token, the webhook secret,
+        the OpenAI API key, and the credentials in the Bot API, webhook and OpenAI URLs."""
+        urls = (self.telegram.telegram_base_url, self.webhook.webhook_url, self.openai.openai_base_url)
+        return [self.telegram.telegram_bot_token, self.webhook.webhook_secret_token, self.openai.openai_api_key,
+                *(secret for url in urls for secret in url_secrets(url))]
 
     def require_telegram_token(self) -> None:
         """`qwenbot run` cannot start without a token; say so in one line."""

@@ -21,12 +21,13 @@ from bot.program.audit import insert_audit
 from bot.program.config import Settings
 from bot.program.logs import add_secrets
 from db import Database, DatabaseOpenError, open_database
+from db.secret_box import SecretBox
 from tools import build_registry
 from tools.courses import CourseCatalog
 from tools.docs import DocsTools
 from tools.docs_store import DocumentLibrary
 from tools.mcp import McpHub, McpLimits
-from tools.mcp_store import read_config
+from tools.mcp_store import read_config, seal_plain_servers
 from tools.registry import ToolRegistry
 from tools.settings import ToolSettings
 
@@ -59,12 +60,25 @@ class Services:
 
 
 async def open_settings_database(settings: Settings, *, new_database: bool = False) -> Database:
-    """The database at DATABASE_PATH; a path that cannot be used is reported naming the variable. A database
+    """The database at DATABASE_PATH, its secrets sealed (MCP servers stored before migration 0013 are sealed now,
+    with the key at SECRETS_KEY_PATH); a path that cannot be used is reported naming the variable. A database
     that existed there and is gone is made anew only with `new_database` (db/marker.py)."""
     with naming_database_path():
-        return await open_database(settings.storage.database_path,
-                                   busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
-                                   new_database=new_database)
+        db = await open_database(settings.storage.database_path,
+                                 busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+                                 new_database=new_database)
+    try:
+        if sealed := await seal_plain_servers(db, secret_box(settings)):
+            log.info("sealed the secrets of %d MCP server(s) stored in plain text before", sealed)
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+def secret_box(settings: Settings) -> SecretBox:
+    """The box sealing the database's secrets, with its key from SECRETS_KEY_PATH (created on first use)."""
+    return SecretBox.at(settings.storage.secrets_key_file)
 
 
 @contextmanager
@@ -81,6 +95,7 @@ async def start_services(settings: Settings, llm: LLM | None = None, *, new_data
     """Open the database (a new one where one was lost only with `new_database`), start the model (`llm`, or the
     configured backend), build the agent; MCP servers connect in the background (their last known tools are
     registered at once)."""
+    add_secrets(settings.secrets())  # whoever builds services (a test, the terminal) gets the redactor fed too
     mcp_config = read_config(settings.mcp.mcp_config_path)  # a broken file stops the start, before anything opens
     db = await open_settings_database(settings, new_database=new_database)
     log.info("database %s", db.path)
@@ -125,8 +140,10 @@ def mcp_hub(settings: Settings, db: Database, registry: ToolRegistry, config: li
     mcp = settings.mcp
     limits = McpLimits(connect_timeout_seconds=mcp.mcp_connect_timeout_seconds, retry_seconds=mcp.mcp_retry_seconds,
                        max_tools_per_server=mcp.mcp_max_tools_per_server,
-                       description_max_chars=mcp.mcp_description_max_chars)
-    return McpHub(db, registry, config=read_config(mcp.mcp_config_path) if config is None else config, limits=limits)
+                       description_max_chars=mcp.mcp_description_max_chars,
+                       allow_private_addresses=mcp.mcp_allow_private_addresses)
+    return McpHub(db, registry, config=read_config(mcp.mcp_config_path) if config is None else config, limits=limits,
+                  box=secret_box(settings))
 
 
 def agent_limits(settings: Settings) -> AgentLimits:

@@ -21,6 +21,7 @@ from telegram.ext import Application, ApplicationBuilder, CommandHandler, Contex
 
 from agent.llm.base import LLM
 from bot.program.config import Settings
+from bot.program.logs import add_secrets
 from bot.program.services import Services, naming_database_path, start_services
 from bot.telegram import admin, admin_docs, admin_mcp, handlers
 from bot.telegram.context import DELIVERIES, PROGRESS, SERVICES, TURNS, BotContext, runtime_data
@@ -72,6 +73,7 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
                       services_factory: ServicesFactory | None = None, new_database: bool = False) -> Application:
     """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`).
     `new_database`: make a new database where one was lost (`qwenbot run --new-database`, db/marker.py)."""
+    add_secrets(settings.secrets())  # python-telegram-bot logs the Bot API URL as the bot is built
     async def start(settings: Settings) -> Services:
         return await start_services(settings, llm=llm, new_database=new_database)
 
@@ -200,11 +202,13 @@ async def serve(application: Application, settings: Settings, stop: asyncio.Even
 async def _take_updates(application: Application, settings: Settings, stop: asyncio.Event,
                         poll_timeout: float) -> None:
     services: Services = application.bot_data[SERVICES]
-    journal = UpdateJournal(services.db, journal_source(application.bot.id, settings))
+    journal = UpdateJournal(services.db, journal_source(application.bot.id, settings),
+                            max_question_chars=settings.turns.max_question_chars)
     dispatcher = Dispatcher(application, journal, application.bot_data[TURNS])
     await journal.claim_legacy()
     await journal.report_foreign()
     await journal.prune()
+    await journal.husk_handled()  # rows a version before the husks kept whole
     await application.bot_data[PROGRESS].clean_up(application.bot)  # left on screen by a killed process
     await dispatcher.replay()
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)
@@ -249,8 +253,10 @@ async def _start_intake(application: Application, settings: Settings, dispatcher
     async def accept(update: Update) -> None:
         await dispatcher.accept([update])
 
+    secret = webhook.webhook_secret_token or secrets.token_urlsafe(32)
+    add_secrets([secret])  # python-telegram-bot logs setWebhook's parameters at DEBUG
     server = WebhookServer(application.bot, accept, url=webhook.webhook_url, listen=webhook.webhook_listen,
-                           port=webhook.webhook_port, secret=webhook.webhook_secret_token or secrets.token_urlsafe(32),
+                           port=webhook.webhook_port, secret=secret,
                            max_body_bytes=webhook.webhook_max_body_bytes, allowed_updates=ALLOWED_UPDATES)
     return _Intake(asyncio.create_task(server.run(), name="webhook"))
 

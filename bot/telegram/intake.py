@@ -6,7 +6,8 @@ After a crash or a shutdown that interrupted turns, the unhandled updates are ha
 update Telegram sends twice is recognised by its id (and a turn already stored is not stored twice: the agent's
 `source_key`). Ids are unique only for one bot at one Bot API server, so each row carries its source (the bot id
 and TELEGRAM_BASE_URL): another server's ids starting again at 1 are new updates, and what is skipped is logged.
-Webhook updates go through the same journal (bot/telegram/webhook.py).
+Webhook updates go through the same journal (bot/telegram/webhook.py). What a row keeps is the update until it is
+handled, and only its husk after (bot/telegram/journal_payloads.py): no text stays in the journal for days.
 
 Update ids that start over at the same address. Telegram itself never gives one id to two updates, and never
 answers a `getUpdates` with an id below the offset it was given (it forgets those). But ids do start over: a local
@@ -19,7 +20,7 @@ evidence, and the policy is:
   empty answer, so a restarted server is never told to forget updates it has not delivered yet (a server that
   did not restart just sends the unconfirmed batch again, which the journal recognises and skips);
 - the journal takes an update as the start of a new *epoch* of its source when its id is already journaled for
-  another update (chat, message, date and text differ), when a turn is stored under its key although the journal
+  another update (chat, message or date differ), when a turn is stored under its key although the journal
   no longer holds it (pruned), or when it lies more than REWIND_GAP below the highest id of the current epoch. An
   epoch is a source of its own (`<source>#<n>`, in `update_epochs`), so its ids and the keys of the turns they ask
   for never meet the earlier ones': nothing is skipped, nothing is answered from another question's turn;
@@ -39,6 +40,7 @@ import logging
 import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
+from urllib.parse import urlsplit
 
 from telegram import Bot, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError
@@ -46,6 +48,7 @@ from telegram.ext import Application
 
 from agent.unicode import clean_text, has_surrogates
 from bot.program.config import Settings
+from bot.telegram import journal_payloads
 from bot.telegram.replies import quietly, retry_after_seconds
 from bot.telegram.turns import TurnScheduler
 from db import Database, DatabaseError
@@ -64,9 +67,12 @@ REWIND_GAP = 10_000
 
 
 def journal_source(bot_id: int, settings: Settings) -> str:
-    """Where update ids come from, and are unique: '<bot id>@<Bot API base URL>' (a token in the URL masked)."""
+    """Where update ids come from, and are unique: '<bot id>@<Bot API base URL>' (a token or a password in the URL
+    masked: the source is written into every journal row and turn key)."""
     url, token = settings.telegram.telegram_base_url, settings.telegram.telegram_bot_token
-    return f"{bot_id}@{url.replace(token, '{token}') if token else url}"
+    url = url.replace(token, "{token}") if token else url
+    password = urlsplit(url).password
+    return f"{bot_id}@{url.replace(f':{password}@', ':{password}@') if password else url}"
 
 
 def epoch_source(base: str, epoch: int) -> str:
@@ -103,10 +109,11 @@ class UpdateJournal:
     """The `telegram_updates` table: what arrived from `base` (one bot at one Bot API server, in epochs), what was
     handled."""
 
-    def __init__(self, db: Database, source: str):
+    def __init__(self, db: Database, source: str, *, max_question_chars: int | None = None):
         self.db = db
         self.base = source
         self.source = source  # the current epoch's, as `admit` last found it
+        self.max_question_chars = max_question_chars  # a longer text is journaled cut (journal_payloads.admitted)
 
     async def admit(self, updates: Sequence[Update]) -> list[Journaled]:
         """Write the updates not seen before, in one transaction; return them, in order. Those skipped are logged;
@@ -125,7 +132,7 @@ class UpdateJournal:
                 epoch, source, high_water = epoch + 1, epoch_source(self.base, epoch + 1), None
                 redelivered = {u.update_id: seen[u.update_id] for u in updates[:restart] if u.update_id in seen}
                 seen = redelivered  # those before the new ids are still the old server's, sent again
-            fresh = [readable(update) for update in
+            fresh = [readable(update, self.max_question_chars) for update in
                      {u.update_id: u for u in updates if u.update_id not in seen}.values()]
             await conn.executemany(
                 "INSERT OR IGNORE INTO telegram_updates (source, update_id, payload) VALUES (?, ?, ?)",
@@ -141,11 +148,17 @@ class UpdateJournal:
         return [Journaled(update, source) for update, _ in fresh]
 
     async def mark_handled(self, item: Journaled) -> None:
-        """Record that the update's handler ended."""
+        """Record that the update's handler ended; the row keeps only the update's husk from now on (and after a
+        command that carried secrets, the write-ahead log is emptied of the page that held them)."""
+        payload = item.update.to_dict()
+        husk = json.dumps(journal_payloads.handled(payload), ensure_ascii=False)
         async with self.db.transaction() as conn:
             await conn.execute(
-                "UPDATE telegram_updates SET handled_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
-                "WHERE source = ? AND update_id = ?", (item.source, item.update.update_id))
+                "UPDATE telegram_updates SET handled_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), payload = ? "
+                "WHERE source = ? AND update_id = ?", (husk, item.source, item.update.update_id))
+        if journal_payloads.carries_secrets(payload) and not await self.db.checkpoint():
+            log.info("update %s: the write-ahead log could not be emptied now; the next checkpoint overwrites it",
+                     item.update.update_id)
 
     async def unhandled(self, bot: Bot) -> list[Journaled]:
         """Updates written but never handled (a crash, or turns stopped by shutdown), of every epoch of this
@@ -178,6 +191,21 @@ class UpdateJournal:
         for source, count in rows:
             log.warning("%d update(s) from %s were left unhandled; this run serves %s and skips them", count,
                         source, self.base)
+
+    async def husk_handled(self) -> int:
+        """Reduce handled updates that still hold their text (journaled before handled updates were husked) to
+        their husks, and empty the write-ahead log of what they held; how many."""
+        rows = await self.db.fetchall("SELECT source, update_id, payload FROM telegram_updates WHERE handled_at IS "
+                                      "NOT NULL AND (instr(payload, '\"text\"') OR instr(payload, '\"caption\"'))")
+        husks = [(json.dumps(journal_payloads.handled(json.loads(payload)), ensure_ascii=False), source, update_id)
+                 for source, update_id, payload in rows]
+        if husks:
+            async with self.db.transaction() as conn:
+                await conn.executemany("UPDATE telegram_updates SET payload = ? WHERE source = ? AND update_id = ?",
+                                       husks)
+            await self.db.checkpoint()
+            log.info("%d handled update(s) in the journal reduced to what recognises them", len(husks))
+        return len(husks)
 
     async def prune(self, days: int = KEEP_HANDLED_DAYS) -> None:
         """Forget updates older than `days` that were handled, or that another source left (never handled here);
@@ -245,17 +273,19 @@ def _log_skipped(skipped: list[Update]) -> None:
 
 
 def _identity(update: dict) -> tuple:
-    """What tells two updates apart besides their id: the message's chat, id, date and text."""
+    """What tells two updates apart besides their id: the message's chat, id and date (what a handled update's
+    husk keeps: bot/telegram/journal_payloads.py). Message ids are Telegram's own, so a restarted Bot API server's
+    updates differ from the earlier ones of the same ids in them."""
     message = next((value for value in update.values() if isinstance(value, dict)), {})
-    text = message.get("text") or message.get("caption") or ""
-    return (message.get("chat", {}).get("id"), message.get("message_id"), message.get("date"), clean_text(text))
+    return (message.get("chat", {}).get("id"), message.get("message_id"), message.get("date"))
 
 
-def readable(update: Update) -> tuple[Update, str]:
+def readable(update: Update, max_question_chars: int | None = None) -> tuple[Update, str]:
     """The update as handlers may take it, and its JSON for the journal: UTF-8 text as written (not `\\uXXXX`
     escapes, which take twice the room for Chinese), with any lone surrogate replaced (agent/unicode.py), since
-    neither SQLite nor a Bot API call can encode one."""
-    payload = json.dumps(update.to_dict(), ensure_ascii=False)
+    neither SQLite nor a Bot API call can encode one; a text far over `max_question_chars` is journaled cut
+    (journal_payloads.admitted), the handler taking it whole."""
+    payload = json.dumps(journal_payloads.admitted(update.to_dict(), max_question_chars), ensure_ascii=False)
     if not has_surrogates(payload):
         return update, payload
     payload = clean_text(payload)  # surrogates only occur inside JSON strings, so the JSON stays valid

@@ -34,8 +34,8 @@ from typing import Awaitable, Callable
 from telegram import Bot, Message
 from telegram.error import BadRequest, Forbidden, InvalidToken, TelegramError
 
-from bot.telegram.replies import (MAX_MESSAGE, PROGRESS_PATIENCE_SECONDS, edit_chunk, quietly, send_chunk, send_draft,
-                         split_message, utf16_len)
+from bot.telegram.replies import (MAX_MESSAGE, PROGRESS_PATIENCE_SECONDS, edit_chunk, outgoing, quietly, send_chunk,
+                         send_draft, split_message, utf16_len)
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class AnswerStream:
 
     def show(self, text: str) -> None:
         """The answer so far (called on every change; cheap): the next update shows the latest."""
-        self._latest = text
+        self._latest = outgoing(text)  # redacted before it is split: a piece then keeps its length
         self._changed.set()
 
     async def finish(self, answer: str, *, already: int = 0) -> list[Message]:
@@ -116,7 +116,7 @@ class AnswerStream:
         Raises what `send_chunk` raises when Telegram stays unreachable; calling it again goes on where it stopped.
         """
         await self._stop_updates()
-        pieces = split_message(answer) or ["…"]
+        pieces = split_message(outgoing(answer)) or ["…"]
         self._take_as_delivered(pieces[:already])
         if any(index < len(self.messages) and self.shown[index] != piece for index, piece in enumerate(pieces)):
             await self._keep_pace()

@@ -17,8 +17,8 @@ Like the real server it refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
 method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
 effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
-`restarted()` stops the server and starts a new one at the same address that remembers nothing, its update ids
-starting at 1 again, as a Bot API server restarted without its state.
+`restarted()` stops the server and starts a new one at the same address that remembers nothing but Telegram's
+message ids, its update ids starting at 1 again, as a Bot API server restarted without its state.
 
 The stdlib `ThreadingHTTPServer` runs in a background thread, one thread per connection: the long poll blocks
 its own thread only. Tests on the event loop wait with `await server.wait_for(predicate)`.
@@ -215,11 +215,14 @@ class FakeTelegramServer:
         self._thread.join(timeout=5)
 
     def restarted(self) -> "FakeTelegramServer":
-        """Stop this server and start a new one at the same address for the same bot, keeping nothing: its update
-        ids (and message ids) start at 1 again, as a Bot API server restarted without its working folder."""
+        """Stop this server and start a new one at the same address for the same bot, keeping nothing of its own:
+        its update ids start at 1 again, as a Bot API server restarted without its working folder. Message ids go
+        on: they are Telegram's, not the Bot API server's."""
         self.stop()
-        return FakeTelegramServer(token=self.token, bot_id=self.bot.id, bot_username=self.bot.username or "",
-                                  drafts=self.drafts, port=self.port).start()
+        server = FakeTelegramServer(token=self.token, bot_id=self.bot.id, bot_username=self.bot.username or "",
+                                    drafts=self.drafts, port=self.port)
+        server._state.next_message_id = dict(self._state.next_message_id)
+        return server.start()
 
     def __enter__(self) -> "FakeTelegramServer":
         return self.start()
@@ -237,6 +240,11 @@ class FakeTelegramServer:
             self._state.pushed[update_id] = self._state.updates[-1]
             self._changed.notify_all()
         return update_id
+
+    def pushed(self, update_id: int) -> dict[str, Any]:
+        """The update queued under `update_id`, as the bot received it."""
+        with self._lock:
+            return self._state.pushed[update_id]
 
     def redeliver(self, update_id: int) -> None:
         """Queue an update again, same id: what Telegram does when it never saw the confirmation."""
