@@ -9,6 +9,7 @@ the dozens of turns a burst of questions finishes at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ import aiosqlite
 from db.errors import DatabaseBusy, DatabaseOpenError, is_busy
 from db.file_watch import FileWatch
 from db.files import create_private
+from db.marker import mark_created, refuse_if_lost
 from db.migrate import MIGRATIONS_FOLDER, apply_migrations
 from db.write_lock import WriteLock
 
@@ -114,10 +116,17 @@ class Database:
 
 
 async def open_database(path: str | Path, *, busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS,
-                        migrations_folder: Path = MIGRATIONS_FOLDER) -> Database:
-    """Open (creating folders as needed) and migrate the database at `path`."""
+                        migrations_folder: Path = MIGRATIONS_FOLDER, new_database: bool = False) -> Database:
+    """Open (creating folders as needed) and migrate the database at `path`.
+
+    A database that once existed there and is gone (db/marker.py) is not made anew unless `new_database`: that
+    raises `DatabaseMissing`.
+    """
     path = Path(path)
-    if str(path) != ":memory:":
+    on_disk = str(path) != ":memory:"
+    if on_disk:
+        if not new_database:
+            await asyncio.to_thread(refuse_if_lost, path)
         await asyncio.to_thread(create_private, path)
     # Probe with plain sqlite3 first: when aiosqlite.connect itself fails, its worker thread can outlive the
     # event loop and print a traceback of its own.
@@ -135,6 +144,9 @@ async def open_database(path: str | Path, *, busy_timeout_seconds: float = BUSY_
     except BaseException:
         await conn.close()
         raise
+    if on_disk:
+        with contextlib.suppress(OSError):  # a folder that takes no new file: the database works all the same
+            await asyncio.to_thread(mark_created, path)
     return database
 
 

@@ -8,6 +8,7 @@
     ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
     ├── DatabaseGone             the file was deleted or replaced while the process had it open
     ├── BackupError              a backup cannot be written, or a file cannot be restored (db/backup.py)
+    ├── DatabaseMissing          no database where its marker says one was created (db/marker.py)
     └── SecretKeyError           the key that seals secrets at rest is unusable, or not the one used
 """
 
@@ -49,6 +50,10 @@ class DatabaseInUse(DatabaseError):
 
 class BackupError(DatabaseError):
     """A backup could not be written, or a file cannot be restored; nothing was replaced."""
+
+
+class DatabaseMissing(DatabaseError):
+    """There is no database file, but its marker shows one existed: it was lost, and is not silently replaced."""
 
 
 class SecretKeyError(DatabaseError):

@@ -50,8 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: one sub-command per job."""
     parser = argparse.ArgumentParser(prog="qwenbot", description="A Qwen ReAct assistant for Telegram.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parser("run", help="run the Telegram bot (settings from .env)")
-    commands.add_parser("migrate", help="create or upgrade the database and print what was applied")
+    run = commands.add_parser("run", help="run the Telegram bot (settings from .env)")
+    migrate = commands.add_parser("migrate", help="create or upgrade the database and print what was applied")
+    for command in (run, migrate):
+        command.add_argument("--new-database", action="store_true",
+                             help="start a new, empty database where one existed and is gone (without this, a "
+                                  "lost database stops the command instead of being replaced silently)")
     tools = commands.add_parser("tools", help="list the registered tools and whether they are enabled")
     tools.add_argument("--chat", default=GLOBAL, help="a chat key (e.g. tg:12345 or cli) to show that chat's state")
     ask = commands.add_parser("ask", help="ask one question and print the final answer")
@@ -154,7 +158,7 @@ def run_async(job: Callable[[], Awaitable[int]]) -> int:
 def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     """Create or upgrade the database; print each migration applied, or that there was nothing to do."""
     async def job() -> int:
-        db = await open_settings_database(settings)
+        db = await open_settings_database(settings, new_database=args.new_database)
         await db.close()
         log.info("database %s", db.path)
         for name in db.applied:
@@ -398,7 +402,7 @@ def run_command(settings: Settings, args: argparse.Namespace) -> int:
 
     settings.require_telegram_token()
     try:
-        run(settings)
+        run(settings, new_database=args.new_database)
     except InvalidToken:
         raise ConfigError("Telegram refused TELEGRAM_BOT_TOKEN: check it with @BotFather") from None
     except TelegramError as error:

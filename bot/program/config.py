@@ -284,12 +284,13 @@ class TurnsSettings:
     max_question_chars: int = 4096
     shutdown_grace_seconds: float = 10.0
     send_patience_seconds: float = 30.0
-    answer_resend_seconds: float = 60.0
+    answer_resend_seconds: float = 5.0
+    answer_save_wait_seconds: float = 120.0
 
     def validate(self) -> None:
         """Refuse limits and waits that are not positive."""
         positive(self, ("max_pending_questions", "max_question_chars", "send_patience_seconds",
-                        "answer_resend_seconds"))
+                        "answer_resend_seconds", "answer_save_wait_seconds"))
 
 
 @dataclass(frozen=True)

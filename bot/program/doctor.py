@@ -31,6 +31,7 @@ from bot.program.paths import dotenv_file
 from core.secrets import redact
 from db.files import make_private_folders
 from db.instance_lock import lock_path, serving_pid
+from db.marker import marker_path
 from db.migrate import MIGRATIONS_FOLDER, discover
 from tools.calculator import CALCULATOR
 
@@ -106,6 +107,9 @@ def check_disk(settings: Settings) -> Check:
 def check_database(settings: Settings) -> Check:
     """The database exists, is the bot's, has every migration, and takes a write."""
     path = settings.storage.database_path
+    if not path.is_file() and marker_path(path).is_file():
+        return fail("database", f"{path} is missing, but {marker_path(path).name} shows one was created there",
+                    "put the file back or restore a backup; `qwenbot migrate --new-database` starts an empty one")
     if not path.is_file():
         return fail("database", f"no database at {path} yet", "run `qwenbot migrate` (scripts/run.sh does)")
     try:

@@ -59,12 +59,14 @@ class Services:
             await self.db.close()
 
 
-async def open_settings_database(settings: Settings) -> Database:
+async def open_settings_database(settings: Settings, *, new_database: bool = False) -> Database:
     """The database at DATABASE_PATH, its secrets sealed (MCP servers stored before migration 0013 are sealed now,
-    with the key at SECRETS_KEY_PATH); a path that cannot be used is reported naming the variable."""
+    with the key at SECRETS_KEY_PATH); a path that cannot be used is reported naming the variable. A database
+    that existed there and is gone is made anew only with `new_database` (db/marker.py)."""
     with naming_database_path():
         db = await open_database(settings.storage.database_path,
-                                 busy_timeout_seconds=settings.storage.database_busy_timeout_seconds)
+                                 busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+                                 new_database=new_database)
     try:
         if sealed := await seal_plain_servers(db, secret_box(settings)):
             log.info("sealed the secrets of %d MCP server(s) stored in plain text before", sealed)
@@ -89,12 +91,13 @@ def naming_database_path() -> Iterator[None]:
         raise DatabaseOpenError(f"{error}; check DATABASE_PATH") from error
 
 
-async def start_services(settings: Settings, llm: LLM | None = None) -> Services:
-    """Open the database, start the model (`llm`, or the configured backend), build the agent; MCP servers connect
-    in the background (their last known tools are registered at once)."""
+async def start_services(settings: Settings, llm: LLM | None = None, *, new_database: bool = False) -> Services:
+    """Open the database (a new one where one was lost only with `new_database`), start the model (`llm`, or the
+    configured backend), build the agent; MCP servers connect in the background (their last known tools are
+    registered at once)."""
     add_secrets(settings.secrets())  # whoever builds services (a test, the terminal) gets the redactor fed too
     mcp_config = read_config(settings.mcp.mcp_config_path)  # a broken file stops the start, before anything opens
-    db = await open_settings_database(settings)
+    db = await open_settings_database(settings, new_database=new_database)
     log.info("database %s", db.path)
     try:
         llm = llm or build_llm(settings)

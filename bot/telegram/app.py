@@ -28,14 +28,15 @@ from bot.program.logs import add_secrets
 from bot.program.metrics import BotMetrics
 from bot.program.services import Services, naming_database_path, start_services
 from bot.telegram import admin, admin_docs, admin_mcp, handlers
-from bot.telegram.context import (HEALTH, METRICS, PROGRESS, SERVICES, TELEGRAM_CALLS, TURNS, BotContext,
+from bot.telegram.context import (DELIVERIES, HEALTH, METRICS, PROGRESS, SERVICES, TELEGRAM_CALLS, TURNS, BotContext,
                                   runtime_data)
 from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
 from bot.telegram.ratelimit import BotRateLimiter
 from bot.telegram.replies import quietly
 from bot.telegram.requests import CALLS_POOL_SIZE, UPDATES_POOL_SIZE, MeteredRequest, TelegramCalls, keep_in_touch
 from bot.telegram.webhook import WebhookServer
-from db import InstanceLock
+from bot.telegram.turns import BY_DATABASE_GONE
+from db import DatabaseGone, InstanceLock
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +76,12 @@ ADMIN_COMMANDS = [
 
 
 def build_application(settings: Settings, *, llm: LLM | None = None,
-                      services_factory: ServicesFactory | None = None) -> Application:
-    """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`)."""
+                      services_factory: ServicesFactory | None = None, new_database: bool = False) -> Application:
+    """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`).
+    `new_database`: make a new database where one was lost (`qwenbot run --new-database`, db/marker.py)."""
     add_secrets(settings.secrets())  # python-telegram-bot logs the Bot API URL as the bot is built
     async def start(settings: Settings) -> Services:
-        return await start_services(settings, llm=llm)
+        return await start_services(settings, llm=llm, new_database=new_database)
 
     calls = TelegramCalls()  # every Bot API call tallied, for /metrics and /healthz
     application = (
@@ -156,7 +158,9 @@ def _post_init(settings: Settings, start: ServicesFactory) -> Callable[[Applicat
 
 
 async def _post_shutdown(application: Application) -> None:
-    """Close the model and the database (after every handler has ended)."""
+    """Close the model and the database (after every handler has ended, and the last delivery is written)."""
+    if (deliveries := application.bot_data.get(DELIVERIES)) is not None:
+        await deliveries.settled()
     services: Services | None = application.bot_data.pop(SERVICES, None)
     if services is not None:
         await services.close()
@@ -228,8 +232,7 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
     services: Services = application.bot_data[SERVICES]
     journal = UpdateJournal(services.db, journal_source(application.bot.id, settings),
                             max_question_chars=settings.turns.max_question_chars)
-    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS],
-                            resend_after=settings.turns.answer_resend_seconds)
+    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS])
     await journal.claim_legacy()
     await journal.report_foreign()
     await journal.prune()
@@ -251,6 +254,9 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
         for helper in helpers:
             helper.cancel()
         await intake.close()
+        if watch.done() and not watch.cancelled() and isinstance(watch.exception(), DatabaseGone):
+            # Nothing can be stored any more: stop every turn now, and each tells its asker (bot/telegram/questions.py).
+            application.bot_data[TURNS].cancel_all(BY_DATABASE_GONE)
         await dispatcher.finish(settings.turns.shutdown_grace_seconds)
     for task in (watch, intake.task):
         if task.done() and not task.cancelled() and task.exception():
@@ -304,17 +310,17 @@ async def _start_intake(application: Application, settings: Settings, dispatcher
     return _Intake(asyncio.create_task(server.run(), name="webhook"))
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, *, new_database: bool = False) -> None:
     """`qwenbot run`: serve until SIGINT or SIGTERM."""
-    asyncio.run(_run_until_signal(settings))
+    asyncio.run(_run_until_signal(settings, new_database))
 
 
-async def _run_until_signal(settings: Settings) -> None:
+async def _run_until_signal(settings: Settings, new_database: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     mode = f"webhook at {settings.webhook.webhook_url}" if settings.webhook.webhook_url else "long polling"
     log.info("starting the bot (%s)", mode)
-    await serve(build_application(settings), settings, stop)
+    await serve(build_application(settings, new_database=new_database), settings, stop)
     log.info("stopped")

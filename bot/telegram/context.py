@@ -13,6 +13,7 @@ from telegram.ext import CallbackContext, ExtBot
 from bot.program.config import Settings
 from bot.program.metrics import BotMetrics
 from bot.telegram.access import AccessControl
+from bot.telegram.deliveries import DeliveryLedger
 from bot.telegram.progress import ProgressLedger
 from bot.telegram.refusals import RefusalLog
 from bot.telegram.streaming import DraftSupport
@@ -28,6 +29,7 @@ SETTINGS = "settings"
 REFUSALS = "refusals"
 DRAFTS = "drafts"
 PROGRESS = "progress"
+DELIVERIES = "deliveries"
 METRICS = "metrics"
 TELEGRAM_CALLS = "telegram_calls"
 HEALTH = "health"
@@ -57,6 +59,11 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
         return self.bot_data[PROGRESS]
 
     @property
+    def deliveries(self) -> DeliveryLedger:
+        """The pieces of answers Telegram took (bot/telegram/deliveries.py)."""
+        return self.bot_data[DELIVERIES]
+
+    @property
     def turns(self) -> TurnScheduler:
         """Where each question waits for its turn."""
         return self.bot_data[TURNS]
@@ -81,4 +88,4 @@ def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
     """The `bot_data` entries `post_init` installs."""
     return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
             TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.access.refusal_interval_seconds),
-            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db)}
+            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db), DELIVERIES: DeliveryLedger(services.db)}

@@ -132,4 +132,5 @@ async def on_error(update: object, context: BotContext) -> None:
     if is_group(message) and addressed_question(message, context.bot.username, context.bot.id) is None \
             and not (message.text or "").startswith("/"):
         return  # a failure on group chatter is not worth a message to the group
-    await quietly(reply(message, text("apology", user_language(update))), "the apology")
+    apology = "database_gone" if isinstance(context.error, DatabaseGone) else "apology"
+    await quietly(reply(message, text(apology, user_language(update))), "the apology")

@@ -98,6 +98,11 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "本聊天没有启用任何工具。",
         "en": "No tool is enabled here.",
     },
+    "database_gone": {
+        "zh": "⚠️ 机器人需要停下来：它的数据库文件不见了。这个问题没有得到回答，恢复后请再问一次。",
+        "en": ("⚠️ The bot has to stop: its database file is gone. This question was not answered; please ask again "
+               "once the bot is back."),
+    },
     "timeout": APOLOGIES["timeout"],
     "model_error": APOLOGIES["error"],
     "busy": APOLOGIES["busy"],

@@ -17,6 +17,8 @@ Like the real server it refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
 method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
 effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
+`restarted()` stops the server and starts a new one at the same address that remembers nothing but Telegram's
+message ids, its update ids starting at 1 again, as a Bot API server restarted without its state.
 
 The stdlib `ThreadingHTTPServer` runs in a background thread, one thread per connection: the long poll blocks
 its own thread only. Tests on the event loop wait with `await server.wait_for(predicate)`.
@@ -171,7 +173,8 @@ class FakeTelegramServer:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stopping = threading.Event()
-        self._httpd = _Server((host, port), _Handler)  # tests: a free port of loopback
+        self._connections: set[socket.socket] = set()  # open client connections, closed by `stop`
+        self._httpd = _Server((host, port), _Handler)  # tests: loopback, a free port
         self._httpd.daemon_threads = True
         self._httpd.fake = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(
@@ -195,13 +198,31 @@ class FakeTelegramServer:
         return self
 
     def stop(self) -> None:
-        """Release long polls and stop serving."""
+        """Release long polls and stop serving; close the clients' kept-alive connections, as a process that ends
+        does (idempotent)."""
         self._stopping.set()
         with self._changed:
             self._changed.notify_all()
         self._httpd.shutdown()
         self._httpd.server_close()
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already
         self._thread.join(timeout=5)
+
+    def restarted(self) -> "FakeTelegramServer":
+        """Stop this server and start a new one at the same address for the same bot, keeping nothing of its own:
+        its update ids start at 1 again, as a Bot API server restarted without its working folder. Message ids go
+        on: they are Telegram's, not the Bot API server's."""
+        self.stop()
+        server = FakeTelegramServer(token=self.token, bot_id=self.bot.id, bot_username=self.bot.username or "",
+                                    drafts=self.drafts, port=self.port)
+        server._state.next_message_id = dict(self._state.next_message_id)
+        return server.start()
 
     def __enter__(self) -> "FakeTelegramServer":
         return self.start()
@@ -637,6 +658,19 @@ class _Handler(BaseHTTPRequestHandler):
     @property
     def fake(self) -> FakeTelegramServer:
         return self.server.fake  # type: ignore[attr-defined]
+
+    def setup(self) -> None:
+        super().setup()
+        with self.fake._lock:
+            self.fake._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.fake._lock:
+            self.fake._connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass  # the connection was shut down by `stop`
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
         """Stay quiet: tests assert on recorded calls."""
