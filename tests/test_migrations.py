@@ -176,14 +176,10 @@ async def test_two_files_with_one_number_apply_nothing(tmp_path):
     assert {"a", "b"} & tables(path) == set()
 
 
-# Numbers assigned to work in parallel branches that has not landed here yet (remove each once its file is here).
-RESERVED = {12, 13, 14, 15}
-
-
 def test_shipped_files_are_numbered_without_gaps():
     assert SHIPPED[:len(FOUNDATION)] == FOUNDATION
     numbers = [int(name[:4]) for name in SHIPPED]
-    assert numbers == [n for n in range(1, numbers[-1] + 1) if n not in RESERVED or n in numbers]
+    assert numbers == list(range(1, numbers[-1] + 1))
 
 
 def test_every_sql_file_of_the_folder_is_a_migration():

@@ -123,7 +123,11 @@ FIXTURES: dict[str, list[Row] | Nothing] = {
         Row("mcp_servers", {"name": "wiki", "transport": "http", "url": "https://wiki.example.org/mcp",
                             "headers": '{"Authorization": ""}', "added_by": 42, "sealed": "gAAAAAB-sealed-by-fernet"}),
     ),
-    "0016_health_checks": rows(
+    "0014_deliveries_and_update_epochs": rows(
+        Row("answer_deliveries", {"source_key": "update:41", "piece": 0, "chat_id": 1001, "message_id": 78}),
+        Row("update_epochs", {"base": "777000@https://api.telegram.org/bot", "epoch": 2, "high_water": 43}),
+    ),
+    "0015_health_checks": rows(
         Row("health_checks", {"id": 1, "checked_at": "2025-05-01T10:00:30.000Z"}),
     ),
 }
