@@ -15,6 +15,7 @@ turn can meet into a short apology.
     │   │                            (also a sqlite3.OperationalError)
     │   ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
     │   ├── DatabaseGone             the file was deleted or replaced while the process had it open
+    │   ├── BackupError              a backup cannot be written, or a file cannot be restored (db/backup.py)
     │   ├── DatabaseMissing          no database where its marker says one was created (db/marker.py)
     │   └── SecretKeyError           the key that seals secrets at rest is unusable, or not the one used
     ├── ToolError                    a tool refuses its input; the model reads it (tools/errors.py)

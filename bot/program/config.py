@@ -4,7 +4,8 @@
     settings.agent.max_steps                 MAX_STEPS
 
 `Settings` is one frozen object made of small frozen groups (telegram, webhook, access, storage, model, engine,
-openai, scripted, agent, tools, docs, turns, streaming, mcp, logging, doctor), each the one place of its defaults. A
+openai, scripted, agent, tools, docs, turns, streaming, mcp, logging, metrics, doctor), each the one place of its
+defaults. A
 field is named as its variable in lower case, so the variables never changed with the grouping and a grep for
 either finds both. Where a component of `agent/` or `tools/` has a limits class (`AgentLimits`, `GrammarLimits`,
 `SpeculativeLimits`, `StreamLimits`, `McpLimits`, `DocsLimits`) or a named default, the group takes its default
@@ -32,6 +33,7 @@ from agent.llm.openai_stream import StreamLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
 from bot.program.env import ConfigError, not_negative, one_of, parse, positive, shown
+from bot.program.logs import LOG_FORMATS
 from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
 from core.secrets import url_secrets
 from db.secret_box import key_file_beside
@@ -184,6 +186,7 @@ class OpenAISettings:
     openai_first_token_seconds: float = StreamLimits.first_token_seconds
     openai_silence_seconds: float = StreamLimits.silence_seconds
     openai_startup_seconds: float = 60.0
+    openai_server_wait_seconds: float = 0.0
     openai_max_retries: int = 3
     openai_grammar: str = "off"
 
@@ -192,7 +195,7 @@ class OpenAISettings:
         one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
         positive(self, ("openai_connect_timeout_seconds", "openai_first_token_seconds", "openai_silence_seconds",
                         "openai_startup_seconds"))
-        not_negative(self, ("openai_max_retries",))
+        not_negative(self, ("openai_max_retries", "openai_server_wait_seconds"))
 
 
 @dataclass(frozen=True)
@@ -323,13 +326,34 @@ class McpSettings:
 
 @dataclass(frozen=True)
 class LoggingSettings:
-    """How much the log says."""
+    """How much the log says, and in which form."""
 
     log_level: str = "INFO"
+    log_format: str = "text"
 
     def validate(self) -> None:
-        """logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here."""
+        """logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here; and a format
+        that is not text or json."""
         one_of("LOG_LEVEL", self.log_level.upper(), LOG_LEVELS)
+        one_of("LOG_FORMAT", self.log_format, LOG_FORMATS)
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The Prometheus and health endpoint (/metrics, /healthz; off unless METRICS_PORT is set), and what /healthz
+    calls unwell."""
+
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    health_model_stall_seconds: float = 300.0
+    health_telegram_seconds: float = 60.0
+    health_check_timeout_seconds: float = 5.0
+
+    def validate(self) -> None:
+        """Refuse a port that cannot be, and limits that are not positive."""
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"METRICS_PORT must be 0 (off) or a port up to 65535, got {self.metrics_port}")
+        positive(self, ("health_model_stall_seconds", "health_telegram_seconds", "health_check_timeout_seconds"))
 
 
 @dataclass(frozen=True)
@@ -364,6 +388,7 @@ class Settings:
     streaming: StreamingSettings = field(default_factory=StreamingSettings)
     mcp: McpSettings = field(default_factory=McpSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     doctor: DoctorSettings = field(default_factory=DoctorSettings)
 
     def __post_init__(self) -> None:

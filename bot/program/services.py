@@ -199,6 +199,7 @@ def openai_llm(settings: Settings) -> LLM:
                           silence_seconds=openai.openai_silence_seconds)
     return OpenAILLM(base_url=openai.openai_base_url, model=openai.openai_model or settings.model.model,
                      api_key=openai.openai_api_key, limits=limits, startup_seconds=openai.openai_startup_seconds,
+                     server_wait_seconds=openai.openai_server_wait_seconds,
                      max_retries=openai.openai_max_retries,
                      count_tokens=qwen_token_counter(settings.model.tokenizer_vocab_path),
                      grammar=openai.openai_grammar)

@@ -24,6 +24,7 @@ from agent.events import AnswerText, EventSink, ToolStarted
 from agent.memory import Session
 from bot.program.config import Settings
 from bot.program.doc_reports import with_sources
+from bot.program.metrics import TurnTimer
 from bot.telegram.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
@@ -146,11 +147,14 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
                             typing_every=context.settings.streaming.typing_interval_seconds,
                             progress_after=context.settings.streaming.progress_after_seconds, ledger=context.progress)
     stream = answer_stream(context, message, slot)
+    timer = context.metrics.timer()
+    if stored is not None:
+        timer.status = None  # an answer sent again from the store: not a turn of its own
     try:
         try:
             async with feedback, stream:
                 answer = stored or await agent_answer(context, session, question, slot, lang,
-                                                      turn_events(feedback, stream))
+                                                      turn_events(feedback, stream), timer)
         except BaseException:  # a bug (the error handler apologises) or the task cancelled: what streamed is cut
             await stream.stop(text("answer_stopped", lang))
             raise
@@ -162,6 +166,7 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
                 await save_later(context, answer.save, slot)
     finally:
         await feedback.remove()  # the answer (or the apology of the error handler) replaces it
+        timer.end(stream.first_shown)
 
 
 def answer_stream(context: BotContext, message: Message, slot: TurnSlot) -> AnswerStream:
@@ -235,20 +240,24 @@ async def until_stopped(work: Awaitable[object], slot: TurnSlot) -> bool:
 
 
 async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
-                       on_event: EventSink) -> TurnAnswer | None:
-    """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
+                       on_event: EventSink, timer: TurnTimer) -> TurnAnswer | None:
+    """The agent's answer, an apology when the model failed, or None when the turn was cancelled; `timer` learns
+    how the turn ended."""
     try:
         result = await context.services.agent.run(session, question, user_id=slot.user_id,
                                                   source_key=slot.source_key,
                                                   on_event=on_event, cancel=slot.cancel)
     except LLMTimeout:
+        timer.status = "timeout"
         return TurnAnswer(text("timeout", lang))
     except LLMCancelled:
+        timer.status = "cancelled"
         # /cancel already said "stopped"; a turn stopped by shutdown stays unhandled in the update journal and is
         # answered after the restart (bot/telegram/intake.py).
         stopped = slot.cancelled_by in (BY_USER, BY_SHUTDOWN, BY_DATABASE_GONE)
         return None if stopped else TurnAnswer(text("timeout", lang))
     except LLMError as error:
+        timer.status = "error"
         log.warning("model failed in %s: %s", session.id, error)
         return TurnAnswer(text("model_error", lang))
     except TurnNotSaved as unsaved:
@@ -256,11 +265,16 @@ async def agent_answer(context: BotContext, session: Session, question: str, slo
         # once the database frees (`save_later`).
         log.warning("database busy in %s as the turn was stored (%s): delivering the answer first", session.id,
                     unsaved)
+        timer.status = str(unsaved.result.status)
+        context.metrics.tools_used(unsaved.result)
         return TurnAnswer(await with_sources(context.services.documents, unsaved.result, lang), save=unsaved.save)
     except DatabaseBusy as error:
         # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS before the turn had an answer.
+        timer.status = "database_busy"
         log.warning("database busy in %s: %s", session.id, error)
         return TurnAnswer(text("busy", lang))
+    timer.status = str(result.status)
+    context.metrics.tools_used(result)
     return TurnAnswer(await with_sources(context.services.documents, result, lang))  # the documents it used
 
 

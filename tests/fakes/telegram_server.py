@@ -161,7 +161,7 @@ class FakeTelegramServer:
     """A Bot API server on a free port of 127.0.0.1, holding one bot."""
 
     def __init__(self, *, token: str = TOKEN, bot_id: int = 777000, bot_username: str = "qwen_test_bot",
-                 drafts: bool = True, port: int = 0) -> None:
+                 drafts: bool = True, host: str = "127.0.0.1", port: int = 0) -> None:
         self.token = token
         self.drafts = drafts
         self.bot = User(bot_id, "Qwen Test Bot", username=bot_username, is_bot=True)
@@ -174,7 +174,7 @@ class FakeTelegramServer:
         self._changed = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()  # open client connections, closed by `stop`
-        self._httpd = _Server(("127.0.0.1", port), _Handler)
+        self._httpd = _Server((host, port), _Handler)  # tests: loopback, a free port
         self._httpd.daemon_threads = True
         self._httpd.fake = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(
@@ -190,7 +190,7 @@ class FakeTelegramServer:
     @property
     def base_url(self) -> str:
         """What TELEGRAM_BASE_URL should be to reach this server (the token is appended by the client)."""
-        return f"http://127.0.0.1:{self.port}/bot"
+        return f"http://{self._httpd.server_address[0]}:{self.port}/bot"
 
     def start(self) -> "FakeTelegramServer":
         """Start serving in a background thread."""
@@ -765,3 +765,55 @@ def _decode(key: str, value: str) -> Any:
         return json.loads(value)
     except ValueError:
         return value
+
+
+# --- standalone: the fake as a process of its own (deploy/check/run_check.sh talks to a container with it) ---------
+
+def ask_and_wait(server: FakeTelegramServer, user: User, question: str, timeout: float) -> dict[str, Any]:
+    """`user` asks `question` in a private chat once the bot polls; the answer (the bot's first message replying
+    to it) or, after `timeout`, what the chat shows."""
+    deadline = time.monotonic() + timeout
+    while not server.polls_started and time.monotonic() < deadline:
+        time.sleep(0.1)
+    message_id = server.send_text(private_chat(user), user, question)
+    while time.monotonic() < deadline:
+        for call in server.sent(user.id):
+            if (call.params.get("reply_parameters") or {}).get("message_id") == message_id:
+                return {"question": question, "answer": call.result["text"]}
+        time.sleep(0.1)
+    return {"question": question, "answer": None, "chat": server.visible_messages(user.id)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the fake Bot API on HOST:PORT; each line read from stdin is a question from one user, answered on
+    stdout as one JSON line. Serves on after stdin ends, until SIGTERM or SIGINT."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--user-id", type=int, default=1001)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each answer")
+    args = parser.parse_args(argv)
+    server = FakeTelegramServer(host=args.host, port=args.port, drafts=False).start()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(json.dumps({"listening": server.base_url, "token": server.token}), flush=True)
+    user = User(args.user_id, "Operator", "en")
+    try:
+        for line in sys.stdin:
+            if line.strip():
+                print(json.dumps(ask_and_wait(server, user, line.strip(), args.timeout), ensure_ascii=False),
+                      flush=True)
+        signal.pause()
+    finally:
+        calls = {}
+        for call in server.calls:
+            calls[call.method] = calls.get(call.method, 0) + 1
+        print(json.dumps({"calls": calls}), flush=True)
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
