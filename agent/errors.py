@@ -12,14 +12,23 @@
     │   ├── AudioTooLong       longer than the duration limit, or larger than the file-size limit
     │   ├── SpeechTimeout      the transcriber did not finish in time
     │   └── SpeechUnavailable  the speech model cannot be loaded, or its server failed or cannot be reached
-    └── NotAnImage             a picture that cannot be read, or is far too large (agent/images.py)
+    ├── NotAnImage             a picture that cannot be read, or is far too large (agent/images.py)
+    └── TurnNotSaved           the turn has its answer, but another process held the database when it was to be
+                               stored (also a sqlite3.OperationalError, as db's DatabaseBusy is): it carries the
+                               result and a way to store it later
 
 Errors the *model* causes (bad format, unknown tool, bad arguments) are not exceptions: they go back
 to the model as observations. These exceptions are for failures the model cannot fix.
 """
 
 
+import sqlite3
+from typing import TYPE_CHECKING, Awaitable, Callable
+
 from core.errors import BotError
+
+if TYPE_CHECKING:
+    from agent.steps import TurnResult
 
 
 class AgentError(BotError):
@@ -72,3 +81,14 @@ class SpeechUnavailable(SpeechError):
 
 class NotAnImage(AgentError):
     """A picture that cannot be read, or whose size is far beyond any use."""
+
+
+class TurnNotSaved(AgentError, sqlite3.OperationalError):
+    """The turn ended with `result`, but another process held the database past the busy timeout when it was to
+    be stored. Nothing of it is stored yet; `save()` stores it (turn, steps and history, in one transaction) and
+    returns its id, so the caller can deliver the answer first and store it once the database frees."""
+
+    def __init__(self, message: str, result: "TurnResult", save: Callable[[], Awaitable[int]]):
+        super().__init__(message)
+        self.result = result
+        self.save = save

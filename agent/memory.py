@@ -2,7 +2,8 @@
 
 A turn is written once, when it ends, in one transaction: its question and answer go to `messages` (the history
 the model sees next time) and its steps to `turns`/`steps` (for /trace, /stats and audit). `reset` forgets the
-history; traces stay.
+history; traces stay. Every text stored passes the process's redactor first (core/secrets.py): a secret that
+reached a turn some way (a tool echoing it, a user pasting it) is not kept in the database.
 
 A turn records how it was asked (`input_kind`: typed, spoken, or about a photo). A question about a photo is kept in
 the history with a note that a picture came with it, never the picture: a later question ("and the other one?")
@@ -17,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from agent.llm.base import Message
 from agent.steps import Step, StepKind, TurnResult, TurnStatus
+from core.secrets import redact
 from db import Database
 
 HISTORY_ROWS_SCANNED = 400  # enough for any sane token budget; keeps the query bounded
@@ -115,8 +117,8 @@ class Memory:
             if to_history:
                 await conn.executemany(
                     "INSERT INTO messages (session_id, turn_id, role, content) VALUES (?, ?, ?, ?)",
-                    [(session.id, turn_id, "user", record.history_question),
-                     (session.id, turn_id, "assistant", record.result.answer)])
+                    [(session.id, turn_id, "user", redact(record.history_question)),
+                     (session.id, turn_id, "assistant", redact(record.result.answer))])
         return turn_id
 
     async def reset(self, session_id: str) -> int:
@@ -165,7 +167,7 @@ async def _insert_turn(conn: Any, session_id: str, record: TurnRecord) -> int:
         "INSERT INTO turns (session_id, user_id, source_key, question, answer, status, mode, model_calls, "
         "prompt_tokens, completion_tokens, started_at, duration_ms, input_kind) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (session_id, record.user_id, record.source_key, record.question, result.answer, result.status,
+        (session_id, record.user_id, record.source_key, redact(record.question), redact(result.answer), result.status,
          record.mode, result.model_calls, result.prompt_tokens, result.completion_tokens, record.started_at,
          result.duration_ms, record.input_kind))
     return int(cursor.lastrowid)
@@ -175,5 +177,9 @@ async def _insert_steps(conn: Any, turn_id: int, steps: Sequence[Step]) -> None:
     await conn.executemany(
         "INSERT INTO steps (turn_id, position, kind, thought, action, action_input, observation, error, duration_ms) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [(turn_id, s.position, s.kind, s.thought, s.action, s.action_input, s.observation, s.error, s.duration_ms)
-         for s in steps])
+        [(turn_id, s.position, s.kind, _redacted(s.thought), s.action, _redacted(s.action_input),
+          _redacted(s.observation), s.error, s.duration_ms) for s in steps])
+
+
+def _redacted(text: str | None) -> str | None:
+    return None if text is None else redact(text)

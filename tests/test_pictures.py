@@ -103,8 +103,9 @@ async def test_a_question_in_reply_to_a_photo_carries_it_through_every_step_of_t
 async def test_an_image_sent_as_a_file_is_a_picture_too(start_bot, telegram_server, model_server):
     model_server.add(final("A red square."))
     bot = await start_bot(llm=seeing_model(model_server))
-    telegram_server.send_document(private_chat(ADMIN), ADMIN, picture_bytes(64, 64, "PNG", "RGBA", (255, 0, 0, 0)),
-                                  "square.png", "image/png", caption="What is this?")
+    telegram_server.send_document(private_chat(ADMIN), ADMIN, "square.png",
+                                  picture_bytes(64, 64, "PNG", "RGBA", (255, 0, 0, 0)), mime_type="image/png",
+                                  caption="What is this?")
     assert await bot.answers(ADMIN.id, 1) == ["A red square."]
     picture = sent_picture(user_parts(model_server.chat_requests[0])[0])
     assert picture.size == (64, 64) and picture.getpixel((32, 32)) == (255, 255, 255)  # transparent: on white
@@ -132,7 +133,7 @@ async def test_the_pictures_of_an_album_without_a_caption_get_no_reply(start_bot
 
 async def test_a_file_that_says_it_is_an_image_but_is_not_is_one_line(start_bot, telegram_server, model_server):
     bot = await start_bot(llm=seeing_model(model_server))
-    telegram_server.send_document(private_chat(ALICE), ALICE, b"\x89PNG but not really", "x.png", "image/png",
+    telegram_server.send_document(private_chat(ALICE), ALICE, "x.png", b"\x89PNG but not really", mime_type="image/png",
                                   caption="这是什么？")
     assert await bot.answers(ALICE.id, 1) == [text("not_a_picture", "zh")]
     assert model_server.chat_requests == []
@@ -140,8 +141,8 @@ async def test_a_file_that_says_it_is_an_image_but_is_not_is_one_line(start_bot,
 
 async def test_a_picture_over_the_size_limit_is_one_line_and_never_fetched(start_bot, telegram_server, model_server):
     bot = await start_bot(llm=seeing_model(model_server), image_max_file_mb=1)
-    telegram_server.send_document(private_chat(ADMIN), ADMIN, picture_bytes(16, 16), "big.jpg", "image/jpeg",
-                                  caption="What is this?", size=3 * 1024 * 1024)
+    telegram_server.send_document(private_chat(ADMIN), ADMIN, "big.jpg", picture_bytes(16, 16), mime_type="image/jpeg",
+                                  caption="What is this?", file_size=3 * 1024 * 1024)
     assert await bot.answers(ADMIN.id, 1) == [text("picture_too_big", "en", size=3.0, limit=1.0)]
     assert telegram_server.calls_to("getFile") == []
 
