@@ -20,8 +20,9 @@ RUN useradd --create-home --uid 1000 qwenbot
 WORKDIR /app
 COPY . .
 # setup.sh creates .venv, installs the package without its test extras (editable, so /app is "the checkout" and
-# DATA_DIR defaults to /app/data) and fetches the offline assets: Qwen's tiktoken vocabulary into /app/data and the
-# 98 MB test model into /app/.cache/models (readable by every user).
+# DATA_DIR defaults to /app/data) and fetches the offline assets: Qwen's tiktoken vocabulary into /app/data, the
+# 98 MB test model and whisper-base for voice questions into /app/.cache/models (readable by every user; set
+# ASR_MODEL=/app/.cache/models/whisper-base to need no hub download).
 RUN --mount=type=cache,target=/root/.cache/pip SETUP_EXTRAS= bash scripts/setup.sh && chown -R qwenbot:qwenbot /app/data
 
 USER qwenbot

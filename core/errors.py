@@ -32,7 +32,14 @@ turn can meet into a short apology.
         │   ├── ModelLoadError
         │   ├── LLMTimeout
         │   ├── LLMCancelled
-        │   └── LLMOutOfMemory
+        │   ├── LLMOutOfMemory
+        │   └── ImagesRefused        the model server refused a picture (a text-only model)
+        ├── SpeechError              a recording could not be turned into text (agent/speech/)
+        │   ├── NotAudio
+        │   ├── AudioTooLong
+        │   ├── SpeechTimeout
+        │   └── SpeechUnavailable
+        ├── NotAnImage               a picture that cannot be read (agent/images.py)
         └── TurnNotSaved             the turn's answer is there, but storing it met a busy database
                                      (also a sqlite3.OperationalError); it carries a way to store it later
 """

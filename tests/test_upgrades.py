@@ -52,6 +52,9 @@ def rows(*items: Row) -> list[Row]:
 
 SESSION = {"id": "tg:1001", "chat_id": 1001, "kind": "private", "title": "Alice"}
 GROUP = {"id": "tg:-1001000000001:7", "chat_id": -1001000000001, "kind": "supergroup", "title": "Team"}
+TURN_1 = {"id": 1, "session_id": "tg:1001", "user_id": 1001, "source_key": "update:41", "question": "大模型实战有多少节？",
+          "answer": "200 节。", "status": "answered", "model_calls": 2, "prompt_tokens": 900, "completion_tokens": 60,
+          "started_at": "2025-05-01T10:00:00.000Z", "duration_ms": 5400}
 FIXTURES: dict[str, list[Row] | Nothing] = {
     "0001_chats_and_messages": rows(
         Row("sessions", SESSION),
@@ -61,10 +64,7 @@ FIXTURES: dict[str, list[Row] | Nothing] = {
         Row("messages", {"id": 3, "session_id": GROUP["id"], "role": "user", "content": "hello team"}),
     ),
     "0002_turn_traces": rows(
-        Row("turns", {"id": 1, "session_id": "tg:1001", "user_id": 1001, "source_key": "update:41",
-                      "question": "大模型实战有多少节？", "answer": "200 节。", "status": "answered",
-                      "model_calls": 2, "prompt_tokens": 900, "completion_tokens": 60,
-                      "started_at": "2025-05-01T10:00:00.000Z", "duration_ms": 5400}),
+        Row("turns", TURN_1, latest_values={**TURN_1, "input_kind": "text"}),  # typed, before input_kind (0016)
         Row("steps", {"turn_id": 1, "position": 0, "kind": "tool", "thought": "查一下", "action": "course_query",
                       "action_input": '{"course_name": "大模型实战"}', "observation": '{"lessons": 200}',
                       "duration_ms": 12}),
@@ -129,6 +129,12 @@ FIXTURES: dict[str, list[Row] | Nothing] = {
     ),
     "0015_health_checks": rows(
         Row("health_checks", {"id": 1, "checked_at": "2025-05-01T10:00:30.000Z"}),
+    ),
+    "0016_turn_input_kind": rows(
+        Row("turns", {"id": 2, "session_id": "tg:1001", "user_id": 1001, "source_key": "update:52",
+                      "question": "How many lessons does the machine learning course have?", "answer": "200.",
+                      "status": "answered", "model_calls": 1, "prompt_tokens": 700, "completion_tokens": 20,
+                      "started_at": "2025-05-01T10:01:00.000Z", "duration_ms": 4100, "input_kind": "voice"}),
     ),
 }
 

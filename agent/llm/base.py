@@ -157,6 +157,10 @@ class LLM(ABC):
     def activity(self) -> ModelActivity | None:
         """The state of the backend's own worker thread; None for backends without one (a server, a script)."""
         return None
+    def sees_images(self) -> bool:
+        """Whether a question's pictures may go to this model (agent/images.py): False for a model that reads text
+        only, as the local engine's models do; the caller then tells the user rather than sending them."""
+        return False
 
     async def start(self) -> None:
         """Load weights, open clients: anything slow that should happen once at start-up."""

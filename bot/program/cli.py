@@ -1,5 +1,5 @@
-"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), migrate, tools,
-mcp, docs, doctor, backup, restore, health.
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), transcribe (a
+recording), migrate, tools, mcp, docs, doctor, backup, restore, health.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
+from agent.errors import SpeechError
 from agent.memory import Session
 from agent.traces import render_trace
 from bot.program.audit import audit
@@ -26,7 +27,8 @@ from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
 from bot.program.retrieval import (DEFAULT_K, corpus_files, default_corpus, evaluate_retrieval, load_retrieval_cases,
                                    retrieval_summary)
-from bot.program.services import docs_tools, document_library, mcp_hub, open_settings_database, start_services
+from bot.program.services import (build_transcriber, docs_tools, document_library, mcp_hub, open_settings_database,
+                                   start_services)
 from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from core.errors import BotError
 from db import Database
@@ -83,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "the shipped one)")
     evaluation.add_argument("-k", type=int, default=DEFAULT_K, help=f"--retrieval: results looked at ({DEFAULT_K})")
     commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
+    transcribe = commands.add_parser("transcribe", help="print what a recording says, with the speech backend the "
+                                                        "bot uses (ASR_BACKEND, ASR_MODEL)")
+    transcribe.add_argument("file", type=Path, help="a recording: a Telegram voice note (.oga), .ogg, .mp3, .wav, …")
     add_mcp_parser(commands)
     add_docs_parser(commands)
     add_backup_parsers(commands)
@@ -348,6 +353,29 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(job)
 
 
+def transcribe_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Print the transcript of a recording (stdout), and its language and length (stderr); a file that is not a
+    recording, or a backend that cannot transcribe, is one line and exit status 2."""
+    transcriber = build_transcriber(settings)
+    if transcriber is None:
+        why = " and faster-whisper is not installed" if settings.voice.asr_backend == "auto" else ""
+        raise ConfigError(f"speech is off (ASR_BACKEND={settings.voice.asr_backend}{why})")
+    data = args.file.read_bytes()  # a missing file is an OSError: one line
+
+    async def job() -> int:
+        try:
+            transcript = await transcriber.transcribe(data)
+        except SpeechError as error:
+            raise type(error)(f"{args.file}: {error}") from None
+        finally:
+            await transcriber.close()
+        print(transcript.text)
+        print(f"({transcript.language or 'language not given'}, {transcript.audio_seconds:.1f} s of audio)",
+              file=sys.stderr)
+        return 0
+    return run_async(job)
+
+
 def backup_command(settings: Settings, args: argparse.Namespace) -> int:
     """Copy the database at DATABASE_PATH to PATH with SQLite's online backup; print where and how large."""
     storage = settings.storage
@@ -418,6 +446,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "ask": ask_command,
     "chat": chat_command,
     "eval": eval_command,
+    "transcribe": transcribe_command,
     "docs": docs_command,
     "backup": backup_command,
     "restore": restore_command,

@@ -4,13 +4,12 @@
     settings.agent.max_steps                 MAX_STEPS
 
 `Settings` is one frozen object made of small frozen groups (telegram, webhook, access, storage, model, engine,
-openai, scripted, agent, tools, docs, turns, streaming, mcp, logging, metrics, doctor), each the one place of its
-defaults. A
-field is named as its variable in lower case, so the variables never changed with the grouping and a grep for
-either finds both. Where a component of `agent/` or `tools/` has a limits class (`AgentLimits`, `GrammarLimits`,
-`SpeculativeLimits`, `StreamLimits`, `McpLimits`, `DocsLimits`) or a named default, the group takes its default
-from there, so each default is written once; bot/program/services.py builds those classes from the groups by
-keyword.
+openai, scripted, agent, tools, docs, turns, streaming, voice, images, mcp, logging, metrics, doctor), each the one
+place of its defaults. A field is named as its variable in lower case, so the variables never changed with the
+grouping and a grep for either finds both. Where a component of `agent/` or `tools/` has a limits class
+(`AgentLimits`, `GrammarLimits`, `SpeculativeLimits`, `StreamLimits`, `SpeechLimits`, `McpLimits`, `DocsLimits`) or
+a named default, the group takes its default from there, so each default is written once; bot/program/services.py
+builds those classes from the groups by keyword.
 
 Each variable is mirrored, with its default and an explanation, in `.env.example`, in one section per group.
 Tests build settings with `Settings.of(max_steps=3, …)` (flat keywords, named as the fields), `settings.replaced(…)`,
@@ -32,6 +31,7 @@ from agent.llm.engine.speculative import SpeculativeLimits
 from agent.llm.openai_stream import StreamLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
+from agent.speech.base import SpeechLimits
 from bot.program.env import ConfigError, not_negative, one_of, parse, positive, shown
 from bot.program.logs import LOG_FORMATS
 from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
@@ -47,6 +47,9 @@ __all__ = ["ConfigError", "Settings"]
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
 OPENAI_GRAMMARS = ("off", "vllm", "sglang", "llama.cpp")
+OPENAI_VISIONS = ("auto", "on", "off")
+ASR_BACKENDS = ("auto", "local", "openai", "off")
+ASR_DEVICES = ("cpu", "cuda", "auto")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Settings that no longer exist, and what replaced them: a .env that still sets one is told, not silently ignored.
 RETIRED = {
@@ -64,6 +67,11 @@ class TelegramSettings:
     telegram_base_file_url: str = ""  # where files are downloaded from; empty: TELEGRAM_BASE_URL's …/bot as …/file/bot
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
+    telegram_download_timeout_seconds: float = 60.0
+
+    def validate(self) -> None:
+        """Refuse a download time limit that is not positive."""
+        positive(self, ("telegram_download_timeout_seconds",))
 
     def file_url(self) -> str:
         """Where the bot downloads files (getFile's paths): TELEGRAM_BASE_FILE_URL, else TELEGRAM_BASE_URL with its
@@ -189,10 +197,12 @@ class OpenAISettings:
     openai_server_wait_seconds: float = 0.0
     openai_max_retries: int = 3
     openai_grammar: str = "off"
+    openai_vision: str = "auto"
 
     def validate(self) -> None:
-        """Refuse deadlines that are not positive, negative retries, an unknown grammar dialect."""
+        """Refuse deadlines that are not positive, negative retries, an unknown grammar dialect or vision value."""
         one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
+        one_of("OPENAI_VISION", self.openai_vision, OPENAI_VISIONS)
         positive(self, ("openai_connect_timeout_seconds", "openai_first_token_seconds", "openai_silence_seconds",
                         "openai_startup_seconds"))
         not_negative(self, ("openai_max_retries", "openai_server_wait_seconds"))
@@ -308,6 +318,43 @@ class StreamingSettings:
 
 
 @dataclass(frozen=True)
+class VoiceSettings:
+    """Questions asked by voice: the speech-to-text backend, its model, and the limits of a recording (defaults of
+    the limits from `SpeechLimits`, agent/speech/base.py)."""
+
+    asr_backend: str = "auto"  # auto: local when faster-whisper is installed, else off
+    asr_model: str = "base"
+    asr_language: str = ""
+    asr_device: str = "cpu"
+    asr_compute_type: str = "int8"
+    asr_cpu_threads: int = 2
+    asr_base_url: str = ""
+    asr_api_key: str = ""
+    asr_max_seconds: float = SpeechLimits.max_seconds
+    asr_max_file_mb: float = SpeechLimits.max_file_mb
+    asr_timeout_seconds: float = SpeechLimits.timeout_seconds
+
+    def validate(self) -> None:
+        """Refuse an unknown backend or device, and limits that are not positive."""
+        one_of("ASR_BACKEND", self.asr_backend, ASR_BACKENDS)
+        one_of("ASR_DEVICE", self.asr_device, ASR_DEVICES)
+        positive(self, ("asr_max_seconds", "asr_max_file_mb", "asr_timeout_seconds"))
+        not_negative(self, ("asr_cpu_threads",))
+
+
+@dataclass(frozen=True)
+class ImagesSettings:
+    """Questions about a picture: how large a picture may be downloaded, and the size it is shrunk to."""
+
+    image_max_side: int = 1024
+    image_max_file_mb: float = 20.0
+
+    def validate(self) -> None:
+        """Refuse sizes that are not positive."""
+        positive(self, ("image_max_side", "image_max_file_mb"))
+
+
+@dataclass(frozen=True)
 class McpSettings:
     """MCP servers: the config file, and the limits of `McpLimits` (tools/mcp.py) for their defaults."""
 
@@ -386,6 +433,8 @@ class Settings:
     docs: DocsSettings = field(default_factory=DocsSettings)
     turns: TurnsSettings = field(default_factory=TurnsSettings)
     streaming: StreamingSettings = field(default_factory=StreamingSettings)
+    voice: VoiceSettings = field(default_factory=VoiceSettings)
+    images: ImagesSettings = field(default_factory=ImagesSettings)
     mcp: McpSettings = field(default_factory=McpSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
@@ -457,10 +506,11 @@ class Settings:
 
     def secrets(self) -> list[str]:
         """Every secret the settings hold, for the redactor (core/secrets.py): the bot token, the webhook secret,
-        the OpenAI API key, and the credentials in the Bot API, webhook and OpenAI URLs."""
-        urls = (self.telegram.telegram_base_url, self.webhook.webhook_url, self.openai.openai_base_url)
+        the OpenAI and speech API keys, and the credentials in the Bot API, webhook, OpenAI and speech URLs."""
+        urls = (self.telegram.telegram_base_url, self.webhook.webhook_url, self.openai.openai_base_url,
+                self.voice.asr_base_url)
         return [self.telegram.telegram_bot_token, self.webhook.webhook_secret_token, self.openai.openai_api_key,
-                *(secret for url in urls for secret in url_secrets(url))]
+                self.voice.asr_api_key, *(secret for url in urls for secret in url_secrets(url))]
 
     def require_telegram_token(self) -> None:
         """`qwenbot run` cannot start without a token; say so in one line."""

@@ -6,6 +6,7 @@ The Telegram application keeps the services in `bot_data`; the terminal commands
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from agent.grammar import GrammarLimits
 from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
 from agent.options import ChatOptions
+from agent.speech.base import SpeechLimits, Transcriber
 from agent.tokens import qwen_token_counter
 from bot.program.audit import insert_audit
 from bot.program.config import Settings
@@ -49,12 +51,15 @@ class Services:
     mcp: McpHub
     options: ChatOptions
     documents: DocumentLibrary
+    speech: Transcriber | None = None  # None: ASR_BACKEND=off (or auto without faster-whisper)
 
     async def close(self) -> None:
-        """Close the MCP connections, stop the model, then close the database."""
+        """Close the MCP connections, stop the model and the speech thread, then close the database."""
         try:
             await self.mcp.close()
             await self.llm.close()
+            if self.speech is not None:
+                await self.speech.close()
         finally:
             await self.db.close()
 
@@ -122,7 +127,8 @@ async def start_services(settings: Settings, llm: LLM | None = None, *, new_data
     memory = Memory(db)
     options = ChatOptions(db)
     agent = Agent(llm, registry, tool_settings, memory, agent_limits(settings), options)
-    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp, options, documents)
+    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp, options, documents,
+                    build_transcriber(settings))
 
 
 def document_library(settings: Settings, db: Database) -> DocumentLibrary:
@@ -202,7 +208,41 @@ def openai_llm(settings: Settings) -> LLM:
                      server_wait_seconds=openai.openai_server_wait_seconds,
                      max_retries=openai.openai_max_retries,
                      count_tokens=qwen_token_counter(settings.model.tokenizer_vocab_path),
-                     grammar=openai.openai_grammar)
+                     grammar=openai.openai_grammar, vision=openai.openai_vision)
+
+
+def speech_backend(settings: Settings) -> str:
+    """ASR_BACKEND as it applies here: `auto` is `local` where faster-whisper is installed, else `off`."""
+    backend = settings.voice.asr_backend
+    if backend == "auto":
+        return "local" if importlib.util.find_spec("faster_whisper") is not None else "off"
+    return backend
+
+
+def build_transcriber(settings: Settings) -> Transcriber | None:
+    """The speech backend ASR_BACKEND names (None for off); nothing loads or connects until the first recording."""
+    voice = settings.voice
+    limits = SpeechLimits(max_seconds=voice.asr_max_seconds, max_file_mb=voice.asr_max_file_mb,
+                          timeout_seconds=voice.asr_timeout_seconds)
+    backend = speech_backend(settings)
+    if backend == "local":
+        from agent.speech.local import LocalTranscriber
+
+        return LocalTranscriber(voice.asr_model, device=voice.asr_device, compute_type=voice.asr_compute_type,
+                                cpu_threads=voice.asr_cpu_threads, language=voice.asr_language, limits=limits,
+                                base_dir=settings.storage.data_dir, cache_dir=settings.model.model_cache_dir)
+    if backend == "openai":
+        from agent.llm.openai_stream import StreamLimits
+        from agent.speech.openai import OpenAITranscriber
+
+        openai = settings.openai
+        time_limits = StreamLimits(connect_seconds=openai.openai_connect_timeout_seconds,
+                                   first_token_seconds=openai.openai_first_token_seconds,
+                                   silence_seconds=openai.openai_silence_seconds)
+        return OpenAITranscriber(base_url=voice.asr_base_url or openai.openai_base_url, model=voice.asr_model,
+                                 api_key=voice.asr_api_key or openai.openai_api_key, language=voice.asr_language,
+                                 limits=limits, time_limits=time_limits, max_retries=openai.openai_max_retries)
+    return None
 
 
 def describe_model(settings: Settings, llm: LLM) -> str:

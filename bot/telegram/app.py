@@ -141,6 +141,9 @@ def register_handlers(application: Application) -> None:
     application.add_handler(MessageHandler(new & private & filters.Document.ALL & ~filters.Document.IMAGE,
                                            admin_docs.on_private_file))
     application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
+    application.add_handler(MessageHandler(new & (filters.VOICE | filters.AUDIO | filters.VIDEO_NOTE),
+                                           handlers.on_recording))
+    application.add_handler(MessageHandler(new & (filters.PHOTO | filters.Document.IMAGE), handlers.on_picture))
     application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
     application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,
                                            handlers.non_text))

@@ -11,9 +11,10 @@ It serves what the bot calls: getMe, getUpdates (long polling with `timeout`; an
 call's `offset` confirms it, as Telegram does), sendMessage, sendMessageDraft (private chats only, as Telegram;
 `FakeTelegramServer(drafts=False)` answers it "Not Found", as Bot API servers before 9.3 do), editMessageText,
 deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo; and files as the real Bot
-API serves them: `send_document` queues a message with a document, `getFile` answers its `file_path` (refusing a
-file over 20 MB, "file is too big", as Telegram does for bots) and GET /file/bot<token>/<file_path> downloads it.
-Like the real server it refuses texts over 4096
+API serves them: `send_document`, `send_voice` and `send_photo` queue a message with a user's file, `getFile`
+answers its `file_path` (refusing a file over 20 MB, "file is too big", as Telegram does for bots) and
+GET /file/bot<token>/<file_path> downloads it (`files_fetched` records the downloads). Like the real server it
+refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
 method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
 effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
@@ -167,6 +168,7 @@ class FakeTelegramServer:
         self.bot = User(bot_id, "Qwen Test Bot", username=bot_username, is_bot=True)
         self.calls: list[ApiCall] = []
         self.polls_started = 0  # getUpdates calls received (a call is recorded only when it answers)
+        self.files_fetched: list[str] = []  # file paths downloaded from /file/bot<token>/, in order
         self.failures: list[Failure] = []
         self._state = _State()
         self._update_ids = itertools.count(1)
@@ -296,6 +298,49 @@ class FakeTelegramServer:
             self._state.files[file_id] = (f"documents/file_{number}{_suffix(name)}", content)
         return {"file_id": file_id, "file_unique_id": f"u{number}", "file_name": name, "mime_type": mime_type,
                 "file_size": len(content) if file_size is None else file_size}
+
+    def _keep_file(self, data: bytes, folder: str, extension: str, *, size: int | None = None) -> dict[str, Any]:
+        """Keep `data` as a file a user sent (a recording, a photo); returns its File fields (`size` overrides what is
+        declared)."""
+        with self._lock:
+            number = len(self._state.files) + 1
+            file_id, path = f"file-{number}", f"{folder}/file_{number}.{extension}"
+            self._state.files[file_id] = (path, data)
+        return {"file_id": file_id, "file_unique_id": f"u{number}", "file_size": len(data) if size is None else size}
+
+    def send_voice(self, chat: Chat, user: User, data: bytes, duration: int, *, kind: str = "voice",
+                   caption: str | None = None, reply_to: int | None = None, size: int | None = None) -> int:
+        """`user` sends a recording: a voice note (OGG/Opus), an `audio` file or a `video_note`; returns the
+        message id. `duration` is what Telegram declares (whole seconds)."""
+        media = {**self._keep_file(data, "voice" if kind == "voice" else kind + "s", "oga" if kind == "voice" else
+                                 "mp4" if kind == "video_note" else "mp3", size=size), "duration": duration}
+        if kind == "voice":
+            media["mime_type"] = "audio/ogg"
+        elif kind == "video_note":
+            media["length"] = 240
+        return self._send_media(chat, user, {kind: media}, caption, reply_to)
+
+    def send_photo(self, chat: Chat, user: User, data: bytes, width: int, height: int, *,
+                   caption: str | None = None, reply_to: int | None = None, media_group_id: str | None = None) -> int:
+        """`user` sends a photo, in the sizes Telegram makes of it (a thumbnail, and the original here); returns the
+        message id."""
+        thumbnail = self._keep_file(data, "photos", "jpg")
+        original = self._keep_file(data, "photos", "jpg")
+        sizes = [{**thumbnail, "width": max(1, width // 10), "height": max(1, height // 10)},
+                 {**original, "width": width, "height": height}]
+        extra = {"media_group_id": media_group_id} if media_group_id else {}
+        return self._send_media(chat, user, {"photo": sizes, **extra}, caption, reply_to)
+
+    def _send_media(self, chat: Chat, user: User, fields: dict[str, Any], caption: str | None,
+                    reply_to: int | None) -> int:
+        message = self._user_message(chat, user, None, reply_to)
+        message.update(fields)
+        if caption is not None:
+            message["caption"] = caption
+            if entities := _entities(caption):
+                message["caption_entities"] = entities
+        self.push_update("message", message)
+        return message["message_id"]
 
     def push_message(self, chat: Chat, user: User | None, *, kind: str = "message", **fields: Any) -> int:
         """Any message as an update of `kind` (message, edited_message, channel_post...), for bad-input tests:
@@ -676,7 +721,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Stay quiet: tests assert on recorded calls."""
 
     def do_GET(self) -> None:
-        """GET works for parameterless methods such as getMe, as on the real server."""
+        """GET works for parameterless methods such as getMe, as on the real server (and file downloads)."""
         self._serve({})
 
     def do_POST(self) -> None:
@@ -717,6 +762,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.fake._record("download", {"file_path": path}, 200 if content is not None else 404, {})
         if content is None:
             return self._send(404, _error(404, "Not Found"))
+        with self.fake._lock:
+            self.fake.files_fetched.append(path.split("?")[0])
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(content)))
