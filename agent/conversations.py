@@ -11,6 +11,9 @@ Once the search has ended (a repeated call, the tool budget spent, the step limi
 answer (`add_final_request`): in ReAct the trace is continued at `Final Answer:` (under the grammar, nothing else
 can follow), in native mode tools are no longer offered and a note asks for the answer; either way the next reply
 is read as the answer, whatever it holds.
+
+Text that is data (the question, the history, tool results) enters a prompt defused (agent/untrusted.py): a user
+cannot write a step of the trace, or a turn of the chat template, into it.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from typing import Any, Protocol, Sequence
 
 from agent.grammar import (Grammar, GrammarLimits, native_answer_grammar, native_grammar, react_final_grammar,
                            react_step_grammar)
+from agent.images import Picture, with_pictures
 from agent.llm.base import Completion, Message, ModelRequest
 from agent.native import native_answer_so_far, parse_native, strip_thinking
 from agent.prompts import (ANSWER_NOW_NOTE, REACT_STOP, REACT_STOPS, STEP_LIMIT_NOTE, SYSTEM_MESSAGE,
                            react_instructions, react_prompt, react_question)
 from agent.react import final_answer_so_far, parse_react, plain_answer_so_far, segments, strip_half_stop
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
+from agent.untrusted import defuse
 from tools.registry import Tool
 
 
@@ -80,13 +85,14 @@ class ReactConversation:
     mode = "react"
 
     def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool],
-                 rules: TurnRules = TurnRules()):
+                 rules: TurnRules = TurnRules(), pictures: Sequence[Picture] = ()):
         self.tools = list(tools)
         self.limits = rules.grammar if self.tools else None
         self.grammar_tools = _held(self.tools, rules)
         self.first_tools = [tool for tool in self.grammar_tools if tool.name in rules.required_tools]
         self.tool_required = bool(self.first_tools)
-        self.messages = _react_messages(history, question, self.tools, rules.react_layout)
+        self.messages = _with_question_pictures(
+            _react_messages(_defused(history), defuse(question), self.tools, rules.react_layout), pictures)
         self.trace = ""  # the assistant's text so far; the backend continues it
         self.answer_requested = False
         self.answer_numbers: tuple[str, ...] | None = None
@@ -115,7 +121,7 @@ class ReactConversation:
     def add_results(self, completion: Completion, results: Sequence[tuple[ToolRequest, str]]) -> None:
         request, observation = results[0]
         self.tool_required = False
-        self.trace += f"{request.trace_text}\n{REACT_STOP} {observation}\nThought:"
+        self.trace += f"{request.trace_text}\n{REACT_STOP} {defuse(observation)}\nThought:"
 
     def add_reminder(self, completion: Completion, reminder: str) -> None:
         if self.answer_requested:  # the reply was the answer: the reminder follows it, and the answer is asked again
@@ -157,7 +163,7 @@ class NativeConversation:
     mode = "native"
 
     def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool],
-                 rules: TurnRules = TurnRules()):
+                 rules: TurnRules = TurnRules(), pictures: Sequence[Picture] = ()):
         self.tools = list(tools)
         self.offer_tools = bool(self.tools)
         self.limits = rules.grammar
@@ -166,8 +172,8 @@ class NativeConversation:
         self.tool_required = bool(self.first_tools)
         self.answer_requested = False
         self.answer_numbers: tuple[str, ...] | None = None
-        self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
-                                        {"role": "user", "content": question}]
+        self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *_defused(history),
+                                        {"role": "user", "content": with_pictures(defuse(question), pictures)}]
 
     def request(self) -> ModelRequest:
         specs = [tool.openai_spec() for tool in self.tools] if self.offer_tools else None
@@ -195,7 +201,7 @@ class NativeConversation:
         self.messages.append({"role": "assistant", "content": content, "tool_calls": calls})
         for call, (request, observation) in zip(calls, results):
             self.messages.append({"role": "tool", "tool_call_id": call["id"], "name": request.tool,
-                                  "content": observation})
+                                  "content": defuse(observation)})
 
     def add_reminder(self, completion: Completion, reminder: str) -> None:
         self.messages.append({"role": "assistant", "content": completion.text})
@@ -243,6 +249,18 @@ def _answer(text: str) -> Decision:
     """The reply to a request for the answer: the answer, or nothing usable."""
     return FinalAnswer("", text) if text else FormatProblem("the reply to the request for the answer is empty")
 
+def _with_question_pictures(messages: list[Message], pictures: Sequence[Picture]) -> list[Message]:
+    """The turn's messages with its pictures in the question's message, the last one (only this turn's question
+    carries pictures: the history keeps a note of them, not the pictures)."""
+    if not pictures:
+        return messages
+    return [*messages[:-1], {**messages[-1], "content": with_pictures(messages[-1]["content"], pictures)}]
+
+
+def _defused(history: Sequence[Message]) -> list[Message]:
+    """The history as data: each message's text defused (an earlier answer may quote what a user wrote)."""
+    return [{**message, "content": defuse(str(message.get("content") or ""))} for message in history]
+
 
 def _plain_answer(text: str) -> Decision:
     lead, parts = segments(text)
@@ -251,10 +269,10 @@ def _plain_answer(text: str) -> Decision:
 
 
 def start_conversation(mode: str, history: Sequence[Message], question: str, tools: Sequence[Tool],
-                       rules: TurnRules = TurnRules()) -> Conversation:
-    """The conversation for `mode` ('react' or 'native')."""
+                       rules: TurnRules = TurnRules(), pictures: Sequence[Picture] = ()) -> Conversation:
+    """The conversation for `mode` ('react' or 'native'); `pictures` go with the question (to a model that sees)."""
     kind = NativeConversation if mode == "native" else ReactConversation
-    return kind(history, question, tools, rules)
+    return kind(history, question, tools, rules, pictures)
 
 
 def arguments_key(tool: str, arguments: Any) -> str:

@@ -17,15 +17,16 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, Sequence
 
 from agent.conversations import Conversation, TurnRules, arguments_key, start_conversation
 from agent.entities import Entities, link_entities
-from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.errors import LLMCancelled, LLMError, LLMTimeout, TurnNotSaved
 from agent.events import AnswerText, EventSink, ModelCall, ToolFinished, ToolStarted, TurnEvent
 from agent.garbage import streamable
 from agent.grammar import GrammarLimits
 from agent.grounding import Grounds
+from agent.images import Picture
 from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink
 from agent.memory import Memory, Session, TurnRecord, utc_now
 from agent.apologies import apology, language_of
@@ -34,6 +35,7 @@ from agent.prompts import REPEATED_CALL_NOTE, TOOL_FIRST_PROBLEM, format_reminde
 from agent.review import AnswerReview, Verdict
 from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
 from agent.unicode import clean_text
+from db import DatabaseBusy, DatabaseGone
 from tools.registry import Tool, ToolRegistry, tools_for_turn
 from tools.settings import ToolSettings
 
@@ -127,10 +129,17 @@ class Agent:
 
     async def run(self, session: Session, question: str, *, user_id: int | None = None,
                   source_key: str | None = None, on_event: EventSink | None = None,
-                  cancel: CancelToken | None = None) -> TurnResult:
+                  cancel: CancelToken | None = None, pictures: Sequence[Picture] = (),
+                  input_kind: str = "text") -> TurnResult:
         """Answer `question` in `session`; store the finished turn; return the answer and its steps.
 
+        A database another process holds past its busy timeout when the turn is to be stored raises
+        `TurnNotSaved`, which carries the result and a way to store it later.
+
         `on_event` sees the turn as it runs (agent/events.py): steps, observations, the answer as it is written.
+        `pictures` go to the model with the question (the caller checked that it sees: `LLM.sees_images`);
+        `input_kind` says how the question was asked ('text', 'voice': `question` is its transcript, 'photo'), for
+        /trace and the history's note of a picture (agent/memory.py).
         """
         started, started_at = time.perf_counter(), utc_now()
         question = clean_text(question)  # e.g. undecodable bytes of a command line: SQLite could not store them
@@ -141,17 +150,21 @@ class Agent:
         entities = await link_entities(tools, question)
         rules = TurnRules(grammar, await self._tools_required(session, entities), self.limits.react_layout,
                           entities.held_tools, entities.left_out)
-        conversation = start_conversation(self.limits.mode, history, question, state.tools, rules)
-        self._arm_safety_nets(state, conversation, question, history, entities)
+        conversation = start_conversation(self.limits.mode, history, question, state.tools, rules, pictures)
+        self._arm_safety_nets(state, conversation, question, history, entities, bool(pictures))
         # The record's result is a placeholder until the turn ends, one way or the other.
         record = TurnRecord(question, state.result("", TurnStatus.ERROR, started), started_at, self.limits.mode,
-                            user_id, source_key)
+                            user_id, source_key, input_kind)
         try:
             result = await self._run_bounded(conversation, state, question, started)
         except (LLMError, asyncio.CancelledError) as error:
             await self._store_failure(session, record, state, started, error)
             raise
-        turn_id = await self.memory.save_turn(session, replace(record, result=result))
+        save = partial(self.memory.save_turn, session, replace(record, result=result))
+        try:
+            turn_id = await save()
+        except DatabaseBusy as error:  # the answer is there: the caller may deliver it and store it later
+            raise TurnNotSaved(str(error), result, save) from error
         return replace(result, turn_id=turn_id)
 
     async def _tools_required(self, session: Session, entities: Entities) -> tuple[str, ...]:
@@ -163,10 +176,12 @@ class Agent:
         return entities.tool_names if required else ()
 
     def _arm_safety_nets(self, state: TurnState, conversation: Conversation, question: str,
-                         history: list[Message], entities: Entities) -> None:
-        """The turn's answer review (grounded on the question and the chat so far) and its tool budget."""
+                         history: list[Message], entities: Entities, pictures: bool = False) -> None:
+        """The turn's answer review (grounded on the question and the chat so far) and its tool budget. A question
+        with pictures has its numbers unchecked: a model that sees may read them off the picture, a source the check
+        cannot read (garbage is still cut)."""
         grounds = Grounds(question, (str(m.get("content") or "") for m in history)) \
-            if self.limits.grounded_answers else None
+            if self.limits.grounded_answers and not pictures else None
         state.review = AnswerReview(question, grounds)
         state.tool_budget = entities.tool_budget(self.limits.extra_tool_calls)
         _hold_numbers(conversation, state)
@@ -307,7 +322,8 @@ class Agent:
     async def _call_tool(self, request: ToolRequest, state: TurnState) -> tuple[str, str | None]:
         allowed = [tool.name for tool in state.tools]
         result = await self.registry.call(request.tool, request.arguments if request.arguments is not None else {},
-                                          allowed=allowed, before_run=partial(self._audit, state))
+                                          allowed=allowed, before_run=partial(self._audit, state),
+                                          chat_key=state.session.chat_key)
         return truncate(result.output, self.limits.observation_max_chars), result.error
 
     async def _audit(self, state: TurnState, tool: Tool, arguments: dict[str, Any]) -> None:
@@ -323,9 +339,11 @@ class Agent:
         result = state.result(f"({type(error).__name__}: {error})", status, started)
         try:
             await self.memory.save_turn(session, replace(record, result=result, source_key=None), to_history=False)
-        except Exception:
+        except Exception as failure:
             if self.memory.db.closed:  # shutdown closed it while this turn wound down; its update is kept unhandled
                 log.info("the failed turn was not stored: the database is closed (shutting down)")
+            elif isinstance(failure, DatabaseGone):  # the bot is stopping for it (db/file_watch.py)
+                log.info("the failed turn was not stored: %s", failure)
             else:
                 log.warning("could not store the failed turn", exc_info=True)
 

@@ -2,7 +2,12 @@
 
 A turn is written once, when it ends, in one transaction: its question and answer go to `messages` (the history
 the model sees next time) and its steps to `turns`/`steps` (for /trace, /stats and audit). `reset` forgets the
-history; traces stay.
+history; traces stay. Every text stored passes the process's redactor first (core/secrets.py): a secret that
+reached a turn some way (a tool echoing it, a user pasting it) is not kept in the database.
+
+A turn records how it was asked (`input_kind`: typed, spoken, or about a photo). A question about a photo is kept in
+the history with a note that a picture came with it, never the picture: a later question ("and the other one?")
+then reads as what it is, and the model does not claim to still see it.
 """
 
 from __future__ import annotations
@@ -13,9 +18,13 @@ from typing import Any, Callable, Sequence
 
 from agent.llm.base import Message
 from agent.steps import Step, StepKind, TurnResult, TurnStatus
+from core.secrets import redact
 from db import Database
 
 HISTORY_ROWS_SCANNED = 400  # enough for any sane token budget; keeps the query bounded
+INPUT_KINDS = ("text", "voice", "photo")
+# What the history keeps of a question asked about a picture: a note before its text.
+PICTURE_NOTE = "[image attached to this question; no longer visible] "
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class StoredTurn:
     started_at: str
     duration_ms: int
     steps: list[Step]
+    input_kind: str = "text"
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,12 @@ class TurnRecord:
     mode: str = "react"
     user_id: int | None = None
     source_key: str | None = None
+    input_kind: str = "text"  # one of INPUT_KINDS
+
+    @property
+    def history_question(self) -> str:
+        """The question as the history keeps it (with the note of a picture, for a question about one)."""
+        return PICTURE_NOTE + self.question if self.input_kind == "photo" else self.question
 
 
 def utc_now() -> str:
@@ -101,8 +117,8 @@ class Memory:
             if to_history:
                 await conn.executemany(
                     "INSERT INTO messages (session_id, turn_id, role, content) VALUES (?, ?, ?, ?)",
-                    [(session.id, turn_id, "user", record.question),
-                     (session.id, turn_id, "assistant", record.result.answer)])
+                    [(session.id, turn_id, "user", redact(record.history_question)),
+                     (session.id, turn_id, "assistant", redact(record.result.answer))])
         return turn_id
 
     async def reset(self, session_id: str) -> int:
@@ -114,16 +130,16 @@ class Memory:
     async def last_turn(self, session_id: str) -> StoredTurn | None:
         """The session's most recent turn with its steps, or None."""
         row = await self.db.fetchone(
-            "SELECT id, question, answer, status, started_at, duration_ms FROM turns "
+            "SELECT id, question, answer, status, started_at, duration_ms, input_kind FROM turns "
             "WHERE session_id = ? ORDER BY id DESC LIMIT 1", (session_id,))
         if row is None:
             return None
         steps = await self.db.fetchall(
             "SELECT position, kind, thought, action, action_input, observation, error, duration_ms "
             "FROM steps WHERE turn_id = ? ORDER BY position", (row["id"],))
-        turn_id, question, answer, status, started_at, duration_ms = row
+        turn_id, question, answer, status, started_at, duration_ms, input_kind = row
         return StoredTurn(turn_id, question, answer, TurnStatus(status), started_at, duration_ms,
-                          [Step(position, StepKind(kind), *rest) for position, kind, *rest in steps])
+                          [Step(position, StepKind(kind), *rest) for position, kind, *rest in steps], input_kind)
 
 
 def _group_by_turn(rows: Sequence[Any]) -> list[list[Message]]:
@@ -149,10 +165,11 @@ async def _insert_turn(conn: Any, session_id: str, record: TurnRecord) -> int:
     result = record.result
     cursor = await conn.execute(
         "INSERT INTO turns (session_id, user_id, source_key, question, answer, status, mode, model_calls, "
-        "prompt_tokens, completion_tokens, started_at, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (session_id, record.user_id, record.source_key, record.question, result.answer, result.status,
+        "prompt_tokens, completion_tokens, started_at, duration_ms, input_kind) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (session_id, record.user_id, record.source_key, redact(record.question), redact(result.answer), result.status,
          record.mode, result.model_calls, result.prompt_tokens, result.completion_tokens, record.started_at,
-         result.duration_ms))
+         result.duration_ms, record.input_kind))
     return int(cursor.lastrowid)
 
 
@@ -160,5 +177,9 @@ async def _insert_steps(conn: Any, turn_id: int, steps: Sequence[Step]) -> None:
     await conn.executemany(
         "INSERT INTO steps (turn_id, position, kind, thought, action, action_input, observation, error, duration_ms) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [(turn_id, s.position, s.kind, s.thought, s.action, s.action_input, s.observation, s.error, s.duration_ms)
-         for s in steps])
+        [(turn_id, s.position, s.kind, _redacted(s.thought), s.action, _redacted(s.action_input),
+          _redacted(s.observation), s.error, s.duration_ms) for s in steps])
+
+
+def _redacted(text: str | None) -> str | None:
+    return None if text is None else redact(text)

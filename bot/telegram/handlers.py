@@ -1,6 +1,7 @@
 """User handlers, thin as in python-telegram-bot's examples: read the update, call one function, reply.
 
-Questions go to questions.py; admin commands live in admin.py; both reply through chat.py (all in bot/telegram/).
+Questions go to questions.py (asked by voice or about a picture: through media.py); admin commands live in
+admin.py; both reply through chat.py (all in bot/telegram/).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import logging
 from telegram import Update
 from telegram.error import Forbidden
 
+from bot.program.doc_reports import documents_text
 from bot.telegram.chat import allowed, is_group, reply, reply_or_refuse, session_for, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
+from bot.telegram.media import answer_picture, answer_recording, picture_replied_to
 from bot.telegram.questions import addressed_question, answer_question
 from bot.telegram.replies import quietly, tools_text, trace_text
 from bot.telegram.supergroups import carry_over
@@ -24,10 +27,22 @@ log = logging.getLogger(__name__)
 # --- questions -------------------------------------------------------------------------------------------------
 
 async def on_text(update: Update, context: BotContext) -> None:
-    """A text message: a question in a private chat; in a group only when it mentions or replies to the bot."""
-    question = addressed_question(update.effective_message, context.bot.username, context.bot.id)
+    """A text message: a question in a private chat; in a group only when it mentions or replies to the bot. A
+    question written in reply to a picture is about that picture."""
+    message = update.effective_message
+    question = addressed_question(message, context.bot.username, context.bot.id)
     if question is not None:  # else group chatter: not for us, never stored
-        await answer_question(update, context, question)
+        await answer_question(update, context, question, picture_replied_to(message))
+
+
+async def on_recording(update: Update, context: BotContext) -> None:
+    """A voice note, audio file or video note: transcribed and answered as a question (where it is one)."""
+    await answer_recording(update, context)
+
+
+async def on_picture(update: Update, context: BotContext) -> None:
+    """A photo or image file: its caption is a question about it (where it is one)."""
+    await answer_picture(update, context)
 
 
 async def ask(update: Update, context: BotContext) -> None:
@@ -37,7 +52,8 @@ async def ask(update: Update, context: BotContext) -> None:
 
 
 async def non_text(update: Update, context: BotContext) -> None:
-    """Stickers, photos, voice, files in a private chat: say that only text is read."""
+    """Stickers, files, locations… in a private chat: say that only text is read (voice and pictures have their
+    own handlers)."""
     await reply_or_refuse(update, context, text("text_only", user_language(update)))
 
 
@@ -88,6 +104,15 @@ async def tools(update: Update, context: BotContext) -> None:
     await reply(update.effective_message, tools_text(enabled, user_language(update)))
 
 
+async def docs(update: Update, context: BotContext) -> None:
+    """/docs: the documents this chat can search (/docs all, for admins, is in bot/telegram/admin_docs.py)."""
+    if not await allowed(update, context):
+        return
+    here = session_for(update.effective_message).chat_key
+    listing = documents_text(await context.services.documents.documents(here), here)
+    await reply(update.effective_message, listing)
+
+
 async def unknown_command(update: Update, context: BotContext) -> None:
     """A command the bot does not know, in a private chat: show /help."""
     await help_command(update, context)
@@ -122,4 +147,5 @@ async def on_error(update: object, context: BotContext) -> None:
     if is_group(message) and addressed_question(message, context.bot.username, context.bot.id) is None \
             and not (message.text or "").startswith("/"):
         return  # a failure on group chatter is not worth a message to the group
-    await quietly(reply(message, text("apology", user_language(update))), "the apology")
+    apology = "database_gone" if isinstance(context.error, DatabaseGone) else "apology"
+    await quietly(reply(message, text(apology, user_language(update))), "the apology")
