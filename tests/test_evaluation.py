@@ -158,3 +158,45 @@ async def test_an_apology_never_passes_even_when_it_holds_an_expected_word(db, r
     assert rambling.answer.startswith("Sorry, I could not") and not rambling.passed
     assert rambling.failure == "format"
     assert right.passed
+
+
+# A strong model: follows the format, looks up first, answers right, and writes its numbers its own way.
+STRONG = {  # question → (the calls it makes, in order, as "tool|json"; its final answer)
+    "大模型技术实战每次更新几个小时？": (['course_query|{"course_name": "大模型技术实战"}'], "每次更新2.0小时。"),
+    "How many hours is each update of 机器学习实战?": (['course_query|{"course_name": "机器学习实战"}'],
+                                                   "Each update is 1.50 hours."),
+    "How many lessons does 大模型技术实战 have?": (['course_query|{"course_name": "大模型技术实战"}'], "200.0 lessons."),
+    "从2024-03-01起，大模型技术实战每周更新几次？": (['course_query|{"course_name": "大模型技术实战"}'],
+                                            "自2024年3月1日起，每周更新3次。"),
+    "大模型技术实战每周一共更新多少小时？": (['course_query|{"course_name": "大模型技术实战"}',
+                                  'calculator|{"expression": "3*2"}'], "每周共更新6小时。"),
+    "How many hours a week does 大模型技术实战 get?": (['course_query|{"course_name": "大模型技术实战"}'],
+                                                "3 updates × 2 hours = 6 hours a week."),
+    "机器学习实战每周更新几次？": (['course_query|{"course_name": "机器学习实战"}'], "每周更新两次。"),
+}
+
+
+def strong_model(request: Request) -> str:
+    """The strong model's reply at whichever step its question is (the calls made so far are the observations)."""
+    question = next(q for q in STRONG if q in request.messages[1]["content"])
+    calls, answer = STRONG[question]
+    trace = request.last_content if request.messages[-1]["role"] == "assistant" else ""
+    done = trace.count("Observation:")
+    if done < len(calls):
+        tool, arguments = calls[done].split("|", 1)
+        return f"Thought: I should look it up\nAction: {tool}\nAction Input: {arguments}\nObservation:"
+    return f" I now know the final answer\nFinal Answer: {answer}"
+
+
+async def test_a_strong_model_scores_everything_the_safety_nets_never_reject_a_right_grounded_answer(db, registry):
+    expected = {"每次更新2.0小时": "2", "1.50": "1.5", "200.0": "200", "2024年3月1日": "3", "6小时": "6",
+                "6 hours": "6", "两次": "2"}
+    cases = [EvalCase(q, expect=(next(v for k, v in expected.items() if k in a),), kind="lookup")
+             for q, (_, a) in STRONG.items()]
+    agent = Agent(ScriptedLLM([strong_model] * 40), registry, ToolSettings(db, registry), Memory(db))
+
+    report = await evaluate(agent, cases)
+
+    assert [(r.case.question, r.answer, r.failure) for r in report.results if not r.passed] == []
+    assert [r.answer for r in report.results] == [answer for _, answer in STRONG.values()]  # delivered as written
+    assert report.failures()["ungrounded"] == report.failures()["garbage"] == 0
