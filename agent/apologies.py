@@ -44,11 +44,17 @@ APOLOGIES: dict[str, dict[str, str]] = {
 HONEST_UNKNOWN = ("unconfirmed",)
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+_LATIN = re.compile(r"[A-Za-z]")
+CJK_WEIGHT = 3  # Latin letters one CJK character weighs, when a text mixes both
 
 
 def language_of(text: str) -> str:
-    """'zh' when the text is written in Chinese (or another CJK script), else 'en': apologies follow it."""
-    return "zh" if _CJK.search(text) else "en"
+    """'zh' when the text is written in Chinese (or another CJK script), else 'en': apologies follow it. An English
+    sentence naming a Chinese course ("How many lessons does 大模型技术实战 have?") is English: a CJK character
+    carries about as much as three Latin letters, so the script with more weight wins."""
+    cjk = len(_CJK.findall(text))
+    latin = len(_LATIN.findall(text))
+    return "zh" if cjk and cjk * CJK_WEIGHT >= latin else "en"
 
 
 def apology(reason: str, lang: str) -> str:
