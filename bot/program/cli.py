@@ -1,5 +1,5 @@
-"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), migrate, tools,
-mcp, doctor.
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), export (a
+session's history), migrate, tools, mcp, doctor.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -11,16 +11,19 @@ import argparse
 import asyncio
 import json
 import logging
+import secrets
 import sys
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
-from agent.memory import Session
+from agent.memory import Memory, Session
 from agent.traces import render_trace
 from bot.program.audit import audit
 from bot.program.config import ConfigError, Settings
 from bot.program.evaluation import copy_database, evaluate, load_cases, summary
+from bot.program.export import render_export
 from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
 from bot.program.services import mcp_hub, open_settings_database, start_services
@@ -47,10 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("migrate", help="create or upgrade the database and print what was applied")
     tools = commands.add_parser("tools", help="list the registered tools and whether they are enabled")
     tools.add_argument("--chat", default=GLOBAL, help="a chat key (e.g. tg:12345 or cli) to show that chat's state")
-    ask = commands.add_parser("ask", help="ask one question and print the final answer")
+    ask = commands.add_parser(
+        "ask", help="ask one question and print the final answer (a fresh session each run, unless --session)",
+        description="Ask one question and print the final answer. Each run is a question on its own, in a fresh "
+                    "session: nothing an earlier run asked or answered is in its prompt. Give --session NAME to "
+                    "continue a conversation across runs (its history, summary and last observations).")
     ask.add_argument("question", help="the question")
     ask.add_argument("--trace", action="store_true", help="also print each step of the reasoning")
-    ask.add_argument("--session", default="cli:ask", help="history session id (default: cli:ask)")
+    ask.add_argument("--session", default=None, metavar="NAME",
+                     help="continue the session NAME (e.g. cli:notes) with its history; default: a fresh session "
+                          "of its own each run")
     ask.add_argument("--quiet", "-q", action="store_true", help="print only the answer (for scripts)")
     chat = commands.add_parser("chat", help="an interactive session in the terminal (/reset, /trace, /quit; "
                                             "Ctrl-C stops an answer); reads piped questions one per line")
@@ -61,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--report", type=Path, help="also write every answer and figure to this JSON file")
     evaluation.add_argument("--turn-timeout", type=float, metavar="SECONDS",
                             help="TURN_TIMEOUT_SECONDS for this run (all questions queue for one model at once)")
+    export = commands.add_parser("export", help="print a session's history as Markdown (as /export sends it)")
+    export.add_argument("session", help="the session id: tg:<chat id> (a topic adds :<topic id>), cli:chat, …")
+    export.add_argument("--no-steps", action="store_true", help="leave each turn's steps out")
     commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
     add_mcp_parser(commands)
     return parser
@@ -173,7 +185,8 @@ def ask_command(settings: Settings, args: argparse.Namespace) -> int:
         view = make_view(quiet=args.quiet)
         services = await start_services(settings)
         try:
-            result = await answer_once(services, cli_session(args.session), args.question, view)
+            result = await answer_once(services, cli_session(args.session or fresh_session_id()), args.question,
+                                       view)
         finally:
             await services.close()
         if args.trace:
@@ -233,6 +246,32 @@ def cli_session(session_id: str) -> Session:
     return Session(id=session_id, chat_key="cli", kind="cli")
 
 
+def fresh_session_id() -> str:
+    """A session id no earlier `qwenbot ask` used: each run is a question on its own."""
+    return f"cli:ask:{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+
+
+def export_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Print the history of session `args.session` as Markdown (steps included, unless --no-steps); a session
+    with no history is one line on stderr and status 1."""
+    async def job() -> int:
+        db = await open_settings_database(settings)
+        try:
+            memory = Memory(db)
+            turns = await memory.exported_turns(args.session, with_steps=not args.no_steps)
+            summary = await memory.summary(args.session)
+        finally:
+            await db.close()
+        if not turns:
+            print(f"qwenbot: no history in session {args.session!r}", file=sys.stderr)
+            return 1
+        document = render_export(args.session, turns, summary, lang="en", with_steps=not args.no_steps,
+                                 max_bytes=settings.conversations.export_max_bytes)
+        sys.stdout.write(document.text)
+        return 0
+    return run_async(job)
+
+
 def run_command(settings: Settings, args: argparse.Namespace) -> int:
     """Run the Telegram bot (long polling, or a webhook when WEBHOOK_URL is set) until SIGINT or SIGTERM."""
     # Imported here: the terminal commands do not need python-telegram-bot.
@@ -258,6 +297,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "ask": ask_command,
     "chat": chat_command,
     "eval": eval_command,
+    "export": export_command,
 }
 
 if __name__ == "__main__":

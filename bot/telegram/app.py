@@ -22,7 +22,7 @@ from telegram.ext import Application, ApplicationBuilder, CommandHandler, Contex
 from agent.llm.base import LLM
 from bot.program.config import Settings
 from bot.program.services import Services, naming_database_path, start_services
-from bot.telegram import admin, admin_mcp, handlers
+from bot.telegram import admin, admin_chats, admin_mcp, handlers
 from bot.telegram.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
 from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
 from bot.telegram.ratelimit import BotRateLimiter
@@ -43,6 +43,9 @@ USER_COMMANDS = [
     ("cancel", "stop the running answer", "停止正在进行的回答"),
     ("trace", "steps of the last answer", "上一次回答的步骤"),
     ("tools", "tools enabled here", "本聊天可用的工具"),
+    ("memory", "what I keep of older turns", "我对较早对话的摘要"),
+    ("quota", "your share left today", "你今天还剩的额度"),
+    ("export", "this chat's history as a file", "把本聊天的记录导出为文件"),
 ]
 ADMIN_COMMANDS = [
     ("tool_on", "NAME [global] [destructive]: enable a tool"),
@@ -60,6 +63,8 @@ ADMIN_COMMANDS = [
     ("mcp_add", "NAME URL [Header=value]: connect an MCP server"),
     ("mcp_refresh", "NAME: list a server's tools again"),
     ("mcp_del", "NAME: remove an MCP server"),
+    ("persona", "TEXT|reset: this chat's persona"),
+    ("quota_set", "USER turns|tokens N|default: a user's daily limit"),
 ]
 
 
@@ -103,6 +108,8 @@ def register_handlers(application: Application) -> None:
         "allow": admin.allow, "deny": admin.deny, "admins": admin.admins, "stats": admin.stats,
         "mcp_add": admin_mcp.mcp_add, "mcp_list": admin_mcp.mcp_list, "mcp_del": admin_mcp.mcp_del,
         "mcp_refresh": admin_mcp.mcp_refresh,
+        "memory": handlers.memory, "quota": handlers.quota, "export": handlers.export,
+        "persona": admin_chats.persona, "quota_set": admin_chats.quota_set,
     }
     # `/tools all` (admins) before plain `/tools`: the first matching handler of a group wins.
     application.add_handler(CommandHandler("tools", admin.tools_all, filters=typed & filters.Regex(r"^\S+\s+all\s*$")))

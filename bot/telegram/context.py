@@ -13,6 +13,7 @@ from telegram.ext import CallbackContext, ExtBot
 from bot.program.config import Settings
 from bot.telegram.access import AccessControl
 from bot.telegram.progress import ProgressLedger
+from bot.telegram.quotas import Quotas
 from bot.telegram.refusals import RefusalLog
 from bot.telegram.streaming import DraftSupport
 from bot.telegram.turns import TurnScheduler
@@ -27,6 +28,7 @@ SETTINGS = "settings"
 REFUSALS = "refusals"
 DRAFTS = "drafts"
 PROGRESS = "progress"
+QUOTAS = "quotas"
 
 
 class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
@@ -53,6 +55,11 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
         return self.bot_data[PROGRESS]
 
     @property
+    def quotas(self) -> Quotas:
+        """Users' daily limits and what they used today (bot/telegram/quotas.py)."""
+        return self.bot_data[QUOTAS]
+
+    @property
     def turns(self) -> TurnScheduler:
         """Where each question waits for its turn."""
         return self.bot_data[TURNS]
@@ -72,4 +79,5 @@ def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
     """The `bot_data` entries `post_init` installs."""
     return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
             TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.access.refusal_interval_seconds),
-            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db)}
+            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db),
+            QUOTAS: Quotas(services.db, settings.quotas)}

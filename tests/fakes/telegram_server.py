@@ -9,8 +9,10 @@
 
 It serves what the bot calls: getMe, getUpdates (long polling with `timeout`; an update stays queued until a later
 call's `offset` confirms it, as Telegram does), sendMessage, sendMessageDraft (private chats only, as Telegram;
-`FakeTelegramServer(drafts=False)` answers it "Not Found", as Bot API servers before 9.3 do), editMessageText,
-deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo. Like the real server it refuses texts over 4096
+`FakeTelegramServer(drafts=False)` answers it "Not Found", as Bot API servers before 9.3 do), sendDocument
+(multipart uploads, refused past Telegram's 50 MB and 1024-character captions), getFile and the file download
+(`/file/bot<token>/<path>`), editMessageText, deleteMessage, sendChatAction, setMyCommands, deleteWebhook,
+setWebhook and getWebhookInfo. Like the real server it refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
 method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
 effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
@@ -22,6 +24,8 @@ its own thread only. Tests on the event loop wait with `await server.wait_for(pr
 from __future__ import annotations
 
 import asyncio
+import email.parser
+import email.policy
 import itertools
 import json
 import socket
@@ -38,6 +42,8 @@ from tests.fakes.openai_server import json_bytes
 
 TOKEN = "123456:TEST-token-for-the-fake-server"
 MAX_TEXT = 4096
+MAX_CAPTION = 1024
+MAX_UPLOAD_BYTES = 50 * 1000 * 1000  # what a bot may send as a document
 # Form fields PTB sends JSON-encoded; everything else (text, parse_mode, action...) is a plain string.
 JSON_FIELDS = {
     "chat_id", "message_id", "reply_parameters", "commands", "scope", "timeout", "offset", "limit",
@@ -141,6 +147,17 @@ class Failure:
         return self.when is None or self.when(params)
 
 
+@dataclass(frozen=True)
+class SentDocument:
+    """A document the bot sent: where, its file's name and bytes, and its caption."""
+
+    chat_id: int
+    file_id: str
+    file_name: str
+    data: bytes
+    caption: str
+
+
 @dataclass
 class _State:
     updates: list[dict[str, Any]] = field(default_factory=list)  # not yet confirmed by an offset
@@ -148,6 +165,7 @@ class _State:
     messages: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     next_message_id: dict[int, int] = field(default_factory=dict)
     webhook_url: str = ""
+    files: dict[str, SentDocument] = field(default_factory=dict)  # by file id
 
 
 class FakeTelegramServer:
@@ -324,6 +342,15 @@ class FakeTelegramServer:
                  for c in self.calls_to("sendMessageDraft", ok=True) if c.params["chat_id"] == chat_id]
         return [_visible_text(body, mode) if body else "" for body, mode in texts]
 
+    def documents(self, chat_id: int | None = None) -> list[SentDocument]:
+        """The documents the server accepted from the bot (optionally in one chat), in order."""
+        with self._lock:
+            return [d for d in self._state.files.values() if chat_id is None or d.chat_id == chat_id]
+
+    def file_url(self, file_path: str) -> str:
+        """Where a file is downloaded from, as the Bot API serves it (getFile gives `file_path`)."""
+        return f"http://127.0.0.1:{self.port}/file/bot{self.token}/{file_path}"
+
     def sent_texts(self, chat_id: int | None = None) -> list[str]:
         """The visible texts of accepted messages, in order."""
         return [c.result["text"] for c in self.sent(chat_id)]
@@ -414,6 +441,40 @@ class FakeTelegramServer:
                 message["message_thread_id"] = params["message_thread_id"]
             self._state.messages[(chat_id, message["message_id"])] = message
         return dict(message)  # a copy: the recorded call keeps the text as sent, whatever edits follow
+
+    def _api_sendDocument(self, params: dict[str, Any]) -> dict[str, Any]:
+        upload = params.get("document")
+        if not isinstance(upload, dict):
+            raise _ApiError(400, "Bad Request: this fake takes documents as uploads only")
+        if len(upload["data"]) > MAX_UPLOAD_BYTES:
+            raise _ApiError(413, "Request Entity Too Large")
+        caption = str(params.get("caption") or "")
+        if len(caption) > MAX_CAPTION:
+            raise _ApiError(400, "Bad Request: message caption is too long")
+        chat_id = int(params["chat_id"])
+        with self._lock:
+            file_id = f"doc-{len(self._state.files) + 1}"
+            self._state.files[file_id] = SentDocument(chat_id, file_id, upload["filename"], upload["data"], caption)
+            message = {"message_id": self._new_message_id(chat_id), "date": int(time.time()),
+                       "chat": self._chat_of(chat_id), "from": self.bot.as_dict(), "caption": caption,
+                       "document": {"file_id": file_id, "file_unique_id": file_id, "file_name": upload["filename"],
+                                    "mime_type": upload["content_type"], "file_size": len(upload["data"])}}
+        return message
+
+    def _api_getFile(self, params: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            sent = self._state.files.get(str(params.get("file_id")))
+        if sent is None:
+            raise _ApiError(400, "Bad Request: invalid file_id")
+        return {"file_id": sent.file_id, "file_unique_id": sent.file_id, "file_size": len(sent.data),
+                "file_path": f"documents/{sent.file_id}/{sent.file_name}"}
+
+    def file_data(self, path: str) -> bytes | None:
+        """The bytes of the file at `path` (as getFile gave it), or None."""
+        parts = path.split("/")
+        with self._lock:
+            sent = self._state.files.get(parts[1]) if len(parts) == 3 and parts[0] == "documents" else None
+        return None if sent is None else sent.data
 
     def _api_sendMessageDraft(self, params: dict[str, Any]) -> bool:
         if not self.drafts:
@@ -586,17 +647,34 @@ class _Handler(BaseHTTPRequestHandler):
         """Stay quiet: tests assert on recorded calls."""
 
     def do_GET(self) -> None:
-        """GET works for parameterless methods such as getMe, as on the real server."""
+        """GET works for parameterless methods such as getMe, as on the real server; and files download."""
+        files = f"/file/bot{self.fake.token}/"
+        if self.path.startswith(files):
+            return self._send_file(self.path[len(files):])
         self._serve({})
 
     def do_POST(self) -> None:
-        """POST with a form or a JSON body, as PTB sends."""
-        raw = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode("utf-8")
-        if self.headers.get("Content-Type", "").startswith("application/json"):
-            params = json.loads(raw or "{}")
+        """POST with a form, a JSON body, or a multipart upload, as PTB sends."""
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        kind = self.headers.get("Content-Type", "")
+        if kind.startswith("multipart/form-data"):
+            params = _multipart(kind, body)
+        elif kind.startswith("application/json"):
+            params = json.loads(body.decode("utf-8") or "{}")
         else:
+            raw = body.decode("utf-8")
             params = {key: _decode(key, value) for key, value in parse_qsl(raw, keep_blank_values=True)}
         self._serve(params)
+
+    def _send_file(self, path: str) -> None:
+        data = self.fake.file_data(path)
+        if data is None:
+            return self._send(404, _error(404, "Not Found"))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _serve(self, params: dict[str, Any]) -> None:
         prefix = f"/bot{self.fake.token}/"
@@ -648,6 +726,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client gave up (a cancelled long poll): nothing to answer
+
+
+def _multipart(content_type: str, body: bytes) -> dict[str, Any]:
+    """The fields of a multipart/form-data body: text fields as in a form, files as {filename, data, content_type}."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode("latin-1") + body)
+    params: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True) or b""
+        filename = part.get_filename()
+        if filename is not None:
+            params[name] = {"filename": filename, "data": data, "content_type": part.get_content_type()}
+        else:
+            params[name] = _decode(name, data.decode("utf-8"))
+    return params
 
 
 def _decode(key: str, value: str) -> Any:
