@@ -3,8 +3,9 @@
 After each stored turn the agent calls `Summarizer.after_turn`. When the session's turns since its summary no longer
 fit HISTORY_TOKEN_BUDGET (with the summary), a background task folds the oldest of them, until what is left holds at
 most SUMMARY_KEEP_TOKENS (the newest turn always stays whole), into a new summary: the model is asked at LOW
-priority (`Priority.LOW`: on the local engine it runs only in rows no person's call needs, on a server in its own
-narrow lane), so a summary never delays anyone's turn. Until it is written the window simply holds the newest
+priority (`Priority.LOW`: on the local engine it runs only while no person's call waits or runs, and steps aside
+at the next step when one comes; on a server it goes through its own narrow lane), so a summary never delays
+anyone's turn. Until it is written the window simply holds the newest
 turns that fit, as it would without summaries.
 
 The summary is written in the chat's language (the language most of the folded questions are in), stored per

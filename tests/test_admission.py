@@ -1,4 +1,4 @@
-"""Admission on the model thread: round-robin across users, background (summary) jobs only in rows nobody needs.
+"""Admission on the model thread: round-robin across users, background (summary) jobs only while nobody waits.
 
 The policy is exercised with real `Job`s on the real `JobQueue`, then on the real model thread with the offline
 model (batches of one row, so the order rows start in is the order they finish in).
@@ -69,14 +69,15 @@ async def test_a_background_job_waits_while_any_persons_job_waits() -> None:
     assert admission.admit(queue, []) == [summary]
 
 
-async def test_background_rows_are_capped_and_never_take_a_persons_place() -> None:
+async def test_background_rows_are_capped_and_never_run_beside_a_persons_row() -> None:
     summaries = [job(f"s{i}", Priority.LOW) for i in range(3)]
-    admission = FairAdmission(batch_size=4, low_rows=1)
+    admission = FairAdmission(batch_size=4, low_rows=2)
     queue = queued(*summaries)
-    assert admission.admit(queue, []) == [summaries[0]]  # one background row at a time
-    running = [summaries[0], job("alice"), job("bob")]
-    assert admission.admit(queue, running) == []
-    assert not admission.should_pause(queue, running)  # nothing could join: no reason to pause
+    assert admission.admit(queue, []) == summaries[:2]  # up to low_rows background rows at a time
+    assert admission.admit(queue, summaries[:2]) == []
+    people = [job("alice"), job("bob")]
+    assert admission.admit(queue, people) == []  # people are running: the summary waits
+    assert not admission.should_pause(queue, people)  # nothing could join: no reason to pause
 
 
 async def test_a_person_arriving_at_a_full_batch_pauses_it_and_the_background_row_is_held_aside() -> None:
@@ -87,14 +88,17 @@ async def test_a_person_arriving_at_a_full_batch_pauses_it_and_the_background_ro
     assert admission.resume(queue, [summary, alice]) == [alice]  # the summary makes room
     assert admission.admit(queue, [alice]) == [carol]
     empty = JobQueue()
-    assert admission.resume(empty, [summary, alice]) == [alice, summary]  # nobody waits: it goes on
+    assert admission.resume(empty, [summary, alice]) == [alice]  # a person's row goes on: the summary waits
+    assert admission.resume(empty, [summary]) == [summary]  # nobody waits or runs: it goes on
     assert not admission.should_pause(queued(bob), [alice, carol])  # full of people: the newcomer waits
 
 
-async def test_a_waiting_background_job_pauses_a_batch_with_room_only_below_the_cap() -> None:
-    admission = FairAdmission(batch_size=4, low_rows=1)
-    assert admission.should_pause(queued(job("s", Priority.LOW)), [job("alice")])
-    assert not admission.should_pause(queued(job("s", Priority.LOW)), [job("alice"), job("t", Priority.LOW)])
+async def test_a_waiting_background_job_joins_only_a_batch_of_background_rows_below_the_cap() -> None:
+    two = FairAdmission(batch_size=4, low_rows=2)
+    assert two.should_pause(queued(job("s", Priority.LOW)), [job("t", Priority.LOW)])
+    assert not two.should_pause(queued(job("s", Priority.LOW)), [job("alice")])
+    one = FairAdmission(batch_size=4, low_rows=1)
+    assert not one.should_pause(queued(job("s", Priority.LOW)), [job("t", Priority.LOW)])
 
 
 async def test_the_served_memory_stays_bounded() -> None:

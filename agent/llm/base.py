@@ -32,7 +32,7 @@ MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 
 class Priority(StrEnum):
     """Who waits for a call: a person (`NORMAL`), or nobody right now (`LOW`: a background job such as a history
-    summary, which a backend runs only in capacity no person's call needs)."""
+    summary, which a backend runs only in capacity no person's call is using)."""
 
     NORMAL = "normal"
     LOW = "low"

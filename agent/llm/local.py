@@ -72,8 +72,8 @@ class LocalLLM(LLM):
     async def complete(self, request: ModelRequest) -> Completion:
         """Queue the request for the next batch and await its row (decoded under its grammar, if any; its text
         streamed to its `on_text` as the model thread generates it); cancelling the awaiting task cancels the row.
-        Admission shares the rows round-robin across the requests' `user_key`s; a LOW request runs only in rows
-        no other request needs (engine/admission.py)."""
+        Admission shares the rows round-robin across the requests' `user_key`s; a LOW request runs only while no
+        other request waits or runs (engine/admission.py)."""
         if self._thread is None:
             raise LLMError("the local model is not started")
         loop = asyncio.get_running_loop()

@@ -12,9 +12,13 @@ decided.
   with one user's ten calls queued and another user's one, the other user's call is admitted next. Jobs of one key
   keep their order. (In Telegram one user has at most one running question, so what reaches this queue per user is
   one call at a time; bursts come from evaluations, the terminal and many chats at once.)
-- **Low priority** (`Priority.LOW`, e.g. a history summary): admitted only when no person's job waits, at most
-  `low_rows` of them in a batch; when a person's job waits and the batch has no room for it, a running low row is
-  paused and held aside (keeping its KV) until the room is free again. A person's call never waits for a summary.
+- **Low priority** (`Priority.LOW`, e.g. a history summary): admitted only when no person's job waits or runs, at
+  most `low_rows` of them in a batch, and never beside a person's row: when a person's job arrives, the batch pauses
+  after its current step and the low rows are held aside (keeping their KV) until no person's job waits or runs.
+  On a CPU every row makes each step dearer, and a newcomer's prompt is computed before the batch goes on, so a
+  summary sharing a batch would slow the people in it; apart, a person's call waits at most for the step in
+  progress. The price: while people keep the model busy without a pause, summaries wait (the history window then
+  simply holds the newest turns that fit, as without summaries).
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ class Admission(Protocol):
 
 @dataclass
 class FairAdmission:
-    """Round-robin across user keys, up to `batch_size` rows; background (LOW) jobs only in rows nobody needs.
+    """Round-robin across user keys, up to `batch_size` rows; background (LOW) jobs only while no person's job
+    waits or runs.
 
     A batch may wait `batch_wait` seconds, from its first job's arrival, for company.
     """
@@ -64,12 +69,11 @@ class FairAdmission:
     _tick: int = 0
 
     def resume(self, jobs: JobQueue, paused: Sequence[Job]) -> list[Job]:
-        """Every person's row; a low row only where no waiting person's job needs its place."""
+        """Every person's row; the low rows only when no person's row goes on and no person's job waits."""
         people = [job for job in paused if not job.low]
-        low = [job for job in paused if job.low]
-        people_waiting = sum(not job.low for job in jobs.waiting())
-        room_for_low = self.batch_size - len(people) - people_waiting
-        return people + low[:max(0, room_for_low)]
+        if people or any(not job.low for job in jobs.waiting()):
+            return people
+        return [job for job in paused if job.low]
 
     def admit(self, jobs: JobQueue, running: Sequence[Job]) -> list[Job]:
         """Wait for one job (when nothing runs), then for what else arrives within `batch_wait` of the first one
@@ -94,24 +98,25 @@ class FairAdmission:
         return chosen
 
     def choose(self, waiting: Sequence[Job], running: Sequence[Job], room: int) -> list[Job]:
-        """Up to `room` of the `waiting` jobs: people's round-robin by user key; then, if no person's job is left
-        waiting, background jobs (oldest first) up to `low_rows` in the batch."""
+        """Up to `room` of the `waiting` jobs: people's round-robin by user key; background jobs (oldest first) only
+        when no person's job waits or runs, up to `low_rows` in the batch."""
         people = [job for job in waiting if not job.low]
-        chosen = self._round_robin(people, room)
-        if len(chosen) == len(people):
-            low_room = min(room - len(chosen), self.low_rows - sum(job.low for job in running))
-            chosen += [job for job in waiting if job.low][:max(0, low_room)]
-        return chosen
+        if people:
+            return self._round_robin(people, room)
+        if any(not job.low for job in running):
+            return []
+        low_room = min(room, self.low_rows - len(running))
+        return [job for job in waiting if job.low][:max(0, low_room)]
 
     def should_pause(self, jobs: JobQueue, live: Sequence[Job]) -> bool:
-        """Pause when a waiting job could join: a person's job when the batch has room or holds a low row it could
-        take the place of; a background job when the batch has room and fewer than `low_rows` of them."""
+        """Pause when a waiting job could join: a person's job when the batch has room, or holds low rows (to be
+        held aside); a background job only into a batch of background rows, below `low_rows`."""
         waiting = jobs.waiting()
         if not waiting:
             return False
         if any(not job.low for job in waiting):
             return len(live) < self.batch_size or any(job.low for job in live)
-        return len(live) < self.batch_size and sum(job.low for job in live) < self.low_rows
+        return all(job.low for job in live) and len(live) < min(self.batch_size, self.low_rows)
 
     def _round_robin(self, jobs: Sequence[Job], room: int) -> list[Job]:
         """Up to `room` jobs, one per key per round, keys in the order they were last served (never first)."""

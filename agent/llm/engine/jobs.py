@@ -38,7 +38,7 @@ class Job:
     own_cancel: CancelToken = field(default_factory=CancelToken)
     submitted_at: float = field(default_factory=time.monotonic)
     user_key: str = ""  # whose call it is: admission shares the rows fairly among the keys waiting
-    priority: Priority = Priority.NORMAL  # LOW: nobody waits for it; it runs only in rows no NORMAL job needs
+    priority: Priority = Priority.NORMAL  # LOW: nobody waits for it; it runs only while no NORMAL job waits or runs
 
     @property
     def low(self) -> bool:

@@ -14,7 +14,8 @@ when one instance is used from two threads, and a blocked event loop would freez
 
 A request that arrives during a batch joins at the next step when the admission policy lets it: the batch pauses,
 its unfinished rows keep their own KV and go on in the next batch beside the newcomer (batch.py). Admission
-(admission.py) takes people's jobs round-robin across users and background jobs only in rows nobody needs.
+(admission.py) takes people's jobs round-robin across users, and background jobs only while no person's job waits or
+runs (a background row is held aside, with its KV, when one comes).
 Every caller is answered as soon as its own row ends, not when the batch does.
 """
 
