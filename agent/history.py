@@ -4,12 +4,13 @@
     [user]       an earlier question                        } the newest whole turns that fit
     [assistant]  its answer                                 } HISTORY_TOKEN_BUDGET, less the summary
     [user]       the last question
-    [assistant]  the last turn's tool calls and observations (cut to LAST_OBSERVATIONS_TOKENS), then its answer
+    [assistant]  its answer, then a note of what its tools returned (cut to LAST_OBSERVATIONS_TOKENS)
 
 The summary is a system message of its own, after the main one: the main system message stays the same for
 every chat (its tokens are cached across chats), and no invented exchange stands for it. The last turn keeps what
 its tools returned, so a follow-up ("and the other course?", "how many hours a week is that?") is answered from it
-without a second lookup: in the ReAct format as the trace the model itself wrote, in native mode as a note.
+without a second lookup. It is a note after the answer, not a replayed ReAct trace: the history is data to the
+model (agent/untrusted.py quotes any line of it that reads as a step), and a tool's result must never read as one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Callable, Sequence
 
 from agent.llm.base import Message
 from agent.memory import HistoryView
-from agent.prompts import REACT_STOP
 from agent.steps import Step
 
 SUMMARY_HEADER = "Summary of the earlier conversation (its older turns, folded by the assistant):"
@@ -26,7 +26,7 @@ LOOKED_UP_HEADER = "(What I looked up for this answer:"
 CUT_NOTE = "… [cut]"
 
 
-def history_messages(view: HistoryView, last_steps: Sequence[Step], mode: str, count_tokens: Callable[[str], int],
+def history_messages(view: HistoryView, last_steps: Sequence[Step], count_tokens: Callable[[str], int],
                      observation_tokens: int) -> list[Message]:
     """The history part of a prompt: the summary, the window, the last turn with its observations."""
     messages: list[Message] = []
@@ -35,20 +35,12 @@ def history_messages(view: HistoryView, last_steps: Sequence[Step], mode: str, c
     window = [dict(message) for message in view.messages]
     if last_steps and observation_tokens > 0 and window and window[-1]["role"] == "assistant":
         looked_up = cut_observations(last_steps, count_tokens, observation_tokens)
-        window[-1]["content"] = with_observations(window[-1]["content"], looked_up, mode)
+        window[-1]["content"] = with_observations(window[-1]["content"], looked_up)
     return messages + window
 
 
-def with_observations(answer: str, steps: Sequence[Step], mode: str) -> str:
-    """The last answer with the tool calls behind it: a ReAct trace ending in the answer, or (native) a note."""
-    if mode == "react":
-        lines = []
-        for step in steps:
-            if step.thought:
-                lines.append(f"Thought: {step.thought}")
-            lines += [f"Action: {step.action}", f"Action Input: {step.action_input.strip()}",
-                      f"{REACT_STOP} {step.observation}"]
-        return "\n".join(lines + ["Thought: I now know the final answer", f"Final Answer: {answer}"])
+def with_observations(answer: str, steps: Sequence[Step]) -> str:
+    """The last answer, then a note of the tool calls behind it and what they returned."""
     notes = [f"- {step.action} {step.action_input.strip()}: {step.observation}" for step in steps]
     return "\n".join([answer, "", LOOKED_UP_HEADER, *notes]) + ")"
 

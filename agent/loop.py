@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from agent.conversations import Conversation, TurnRules, arguments_key, start_conversation
-from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.errors import LLMCancelled, LLMError, LLMTimeout, TurnNotSaved
 from agent.events import AnswerText, EventSink, ModelCall, ToolFinished, ToolStarted, TurnEvent
 from agent.grammar import GrammarLimits
 from agent.llm.base import LLM, CancelToken, Completion, TextSink
@@ -29,6 +29,7 @@ from agent.repetition import collapse_loops
 from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
 from agent.summaries import Summarizer
 from agent.unicode import clean_text
+from db import DatabaseBusy, DatabaseGone
 from tools.registry import Tool, ToolRegistry, tools_for_turn
 from tools.settings import ToolSettings
 
@@ -125,6 +126,9 @@ class Agent:
                   cancel: CancelToken | None = None) -> TurnResult:
         """Answer `question` in `session`; store the finished turn; return the answer and its steps.
 
+        A database another process holds past its busy timeout when the turn is to be stored raises
+        `TurnNotSaved`, which carries the result and a way to store it later.
+
         `on_event` sees the turn as it runs (agent/events.py): steps, observations, the answer as it is written.
         """
         started, started_at = time.perf_counter(), utc_now()
@@ -144,7 +148,11 @@ class Agent:
         except (LLMError, asyncio.CancelledError) as error:
             await self._store_failure(session, record, state, started, error)
             raise
-        turn_id = await self.memory.save_turn(session, replace(record, result=result))
+        save = partial(self.memory.save_turn, session, replace(record, result=result))
+        try:
+            turn_id = await save()
+        except DatabaseBusy as error:  # the answer is there: the caller may deliver it and store it later
+            raise TurnNotSaved(str(error), result, save) from error
         if self.summarizer is not None:
             self.summarizer.after_turn(session.id, state.user_key)
         return replace(result, turn_id=turn_id)
@@ -155,7 +163,7 @@ class Agent:
         count = self.llm.count_tokens
         view: HistoryView = await self.memory.history_view(session.id, count, self.limits.history_token_budget)
         last_steps = await self.memory.turn_steps(view.turns[-1].turn_id, tools_only=True) if view.turns else []
-        return history_messages(view, last_steps, self.limits.mode, count, self.limits.last_observations_tokens)
+        return history_messages(view, last_steps, count, self.limits.last_observations_tokens)
 
     async def _persona(self, session: Session) -> str:
         """The chat's persona (its own, else the global one, else DEFAULT_PERSONA)."""
@@ -263,7 +271,8 @@ class Agent:
     async def _call_tool(self, request: ToolRequest, state: TurnState) -> tuple[str, str | None]:
         allowed = [tool.name for tool in state.tools]
         result = await self.registry.call(request.tool, request.arguments if request.arguments is not None else {},
-                                          allowed=allowed, before_run=partial(self._audit, state))
+                                          allowed=allowed, before_run=partial(self._audit, state),
+                                          chat_key=state.session.chat_key)
         return truncate(result.output, self.limits.observation_max_chars), result.error
 
     async def _audit(self, state: TurnState, tool: Tool, arguments: dict[str, Any]) -> None:
@@ -279,9 +288,11 @@ class Agent:
         result = state.result(f"({type(error).__name__}: {error})", status, started)
         try:
             await self.memory.save_turn(session, replace(record, result=result, source_key=None), to_history=False)
-        except Exception:
+        except Exception as failure:
             if self.memory.db.closed:  # shutdown closed it while this turn wound down; its update is kept unhandled
                 log.info("the failed turn was not stored: the database is closed (shutting down)")
+            elif isinstance(failure, DatabaseGone):  # the bot is stopping for it (db/file_watch.py)
+                log.info("the failed turn was not stored: %s", failure)
             else:
                 log.warning("could not store the failed turn", exc_info=True)
 

@@ -19,6 +19,7 @@ import pytest
 from bot.program.config import Settings
 from bot.program.doctor import Status, diagnose, report
 from db import InstanceLock, open_database
+from db.marker import marker_path
 from tests.fakes.openai_server import FakeOpenAIServer, error, text
 from tests.fakes.telegram_server import FakeTelegramServer
 
@@ -112,9 +113,18 @@ async def test_too_little_disk_fails(good):
 
 async def test_no_database_yet_fails_with_migrate_as_the_fix(good):
     good.storage.database_path.unlink()
+    marker_path(good.storage.database_path).unlink()  # never created: nothing shows there was one
     line = only_failure(await diagnose(good), "database")
     assert "no database at" in line and "run `qwenbot migrate`" in line
     assert not good.storage.database_path.exists()  # the doctor changes nothing
+
+
+async def test_a_lost_database_fails_with_restore_or_new_database_as_the_fix(good):
+    good.storage.database_path.unlink()  # its marker says it existed (db/marker.py)
+    line = only_failure(await diagnose(good), "database")
+    assert "is missing, but bot.sqlite3.created shows one was created there" in line
+    assert "restore a backup" in line and "`qwenbot migrate --new-database`" in line
+    assert not good.storage.database_path.exists()
 
 
 async def test_a_database_missing_a_migration_fails(good):

@@ -144,24 +144,17 @@ async def test_close_stops_a_summary_in_progress(db, registry):
 LOOKUP = Step(1, StepKind.TOOL, "look it up", "course_query", '{"course_name": "x"}', '{"课时": 200, "每周更新次数": 3}')
 
 
-def test_the_history_has_the_summary_first_and_the_last_turns_trace():
+def test_the_history_has_the_summary_first_and_the_last_turns_observations():
     view = HistoryView(Summary("earlier: greetings", 1, 1, "en"), [turn(2, "q2", "a2"), turn(3, "q3", "a3")])
-    messages = history_messages(view, [LOOKUP], "react", estimate_tokens, 300)
+    messages = history_messages(view, [LOOKUP], estimate_tokens, 300)
     assert messages[0]["role"] == "system" and messages[0]["content"].endswith("earlier: greetings")
     assert [m["content"] for m in messages[1:4]] == ["q2", "a2", "q3"]
-    assert messages[4]["content"] == ('Thought: look it up\nAction: course_query\nAction Input: {"course_name": "x"}\n'
-                                      'Observation: {"课时": 200, "每周更新次数": 3}\n'
-                                      "Thought: I now know the final answer\nFinal Answer: a3")
-
-
-def test_native_mode_keeps_the_observations_as_a_note():
-    messages = history_messages(HistoryView(None, [turn(3, "q3", "a3")]), [LOOKUP], "native", estimate_tokens, 300)
-    assert messages[-1]["content"].startswith("a3\n\n(What I looked up for this answer:\n- course_query")
-    assert '{"课时": 200' in messages[-1]["content"]
+    assert messages[4]["content"] == ('a3\n\n(What I looked up for this answer:\n'
+                                      '- course_query {"course_name": "x"}: {"课时": 200, "每周更新次数": 3})')
 
 
 def test_no_observations_are_kept_with_a_zero_limit():
-    messages = history_messages(HistoryView(None, [turn(3, "q3", "a3")]), [LOOKUP], "react", estimate_tokens, 0)
+    messages = history_messages(HistoryView(None, [turn(3, "q3", "a3")]), [LOOKUP], estimate_tokens, 0)
     assert messages[-1]["content"] == "a3"
 
 

@@ -92,10 +92,10 @@ async def test_a_follow_up_uses_the_last_observation_without_a_new_lookup(start_
     assert len(bot.llm.requests) == 3  # lookup, answer, then the follow-up answered at once
     last_turn = (await bot.query("SELECT max(id) FROM turns"))[0][0]
     assert await bot.query("SELECT kind FROM steps WHERE turn_id = ?", (last_turn,)) == [("final",)]
-    # The last turn is in the prompt as the trace the model wrote: its action, its observation, its answer.
+    # The last turn is in the prompt with its answer, then what its tool returned.
     history = bot.llm.requests[2].messages[-2]["content"]
-    assert history.startswith("Thought: ") and "Action: course_query" in history
-    assert "Observation: {" in history and history.endswith("Final Answer: 大模型技术实战课程目前一共上线了200节课。")
+    assert history.startswith("大模型技术实战课程目前一共上线了200节课。\n\n(What I looked up for this answer:\n"
+                              '- course_query {"course_name": "大模型技术实战"}: {"课程名称": "大模型技术实战"')
 
 
 async def test_the_last_observation_is_cut_to_its_token_limit(start_bot, telegram_server):

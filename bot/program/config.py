@@ -4,12 +4,12 @@
     settings.agent.max_steps                 MAX_STEPS
 
 `Settings` is one frozen object made of small frozen groups (telegram, webhook, access, storage, model, engine,
-openai, scripted, agent, memory, tools, turns, quotas, conversations, streaming, mcp, logging, doctor), each the one
-place of its defaults. A
-field is named as its variable in lower case, so the variables never changed with the grouping and a grep for
-either finds both. Where a component of `agent/` or `tools/` has a limits class (`AgentLimits`, `GrammarLimits`,
-`SpeculativeLimits`, `StreamLimits`, `McpLimits`, `SummaryLimits`) or a named default, the group takes its default from there, so each
-default is written once; bot/program/services.py builds those classes from the groups by keyword.
+openai, scripted, agent, memory, tools, docs, turns, quotas, conversations, streaming, mcp, logging, doctor), each
+the one place of its defaults. A field is named as its variable in lower case, so the variables never changed with
+the grouping and a grep for either finds both. Where a component of `agent/` or `tools/` has a limits class
+(`AgentLimits`, `GrammarLimits`, `SpeculativeLimits`, `StreamLimits`, `McpLimits`, `DocsLimits`, `SummaryLimits`) or
+a named default, the group takes its default from there, so each default is written once; bot/program/services.py
+builds those classes from the groups by keyword.
 
 Each variable is mirrored, with its default and an explanation, in `.env.example`, in one section per group.
 Tests build settings with `Settings.of(max_steps=3, …)` (flat keywords, named as the fields), `settings.replaced(…)`,
@@ -34,7 +34,10 @@ from agent.prompts import REACT_LAYOUTS
 from agent.summaries import SummaryLimits
 from bot.program.env import ConfigError, not_negative, one_of, parse, positive, shown
 from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
+from core.secrets import url_secrets
+from db.secret_box import key_file_beside
 from db.connection import BUSY_TIMEOUT_SECONDS
+from tools.docs_store import MB, DocsLimits
 from tools.mcp import McpLimits
 from tools.registry import TOOL_TIMEOUT_SECONDS
 
@@ -58,8 +61,17 @@ class TelegramSettings:
 
     telegram_bot_token: str = ""
     telegram_base_url: str = "https://api.telegram.org/bot"
+    telegram_base_file_url: str = ""  # where files are downloaded from; empty: TELEGRAM_BASE_URL's …/bot as …/file/bot
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
+
+    def file_url(self) -> str:
+        """Where the bot downloads files (getFile's paths): TELEGRAM_BASE_FILE_URL, else TELEGRAM_BASE_URL with its
+        /bot ending as /file/bot, as the Bot API serves them (api.telegram.org/bot → api.telegram.org/file/bot)."""
+        if self.telegram_base_file_url:
+            return self.telegram_base_file_url
+        base = self.telegram_base_url.rstrip("/")
+        return base[:-len("/bot")] + "/file/bot" if base.endswith("/bot") else base + "/file/bot"
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,15 @@ class StorageSettings:
     database_busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS
     database_check_seconds: float = 2.0
     instance_lock_wait_seconds: float = 30.0
+    secrets_key_path: str = ""  # empty: secrets.key beside the database
+
+    @property
+    def secrets_key_file(self) -> Path:
+        """The key that seals the database's secrets (db/secret_box.py): SECRETS_KEY_PATH (inside DATA_DIR when
+        relative), or a file beside the database."""
+        if self.secrets_key_path:
+            return under(self.data_dir, Path(self.secrets_key_path))
+        return key_file_beside(self.database_path)
 
     def __post_init__(self) -> None:
         """Make DATA_DIR and the database path absolute, so neither depends on the folder `qwenbot` runs in."""
@@ -244,6 +265,34 @@ class ToolsSettings:
 
 
 @dataclass(frozen=True)
+class DocsSettings:
+    """The team's documents (`docs_search`, `docs_read`): sizes and budget, chunks, results; defaults from
+    `DocsLimits` (tools/docs_store.py)."""
+
+    docs_max_file_mb: float = DocsLimits.max_file_bytes / MB
+    docs_max_total_mb: float = DocsLimits.max_total_bytes / MB
+    docs_chunk_chars: int = DocsLimits.chunk_chars
+    docs_search_results: int = DocsLimits.search_results
+    docs_max_unpacked_mb: float = DocsLimits.max_unpacked_bytes / MB
+    docs_max_zip_ratio: float = DocsLimits.max_zip_ratio
+
+    def validate(self) -> None:
+        """Refuse sizes and counts that are not positive, and chunks too small to hold a sentence."""
+        positive(self, ("docs_max_file_mb", "docs_max_total_mb", "docs_search_results", "docs_max_unpacked_mb",
+                        "docs_max_zip_ratio"))
+        if self.docs_chunk_chars < 100:
+            raise ConfigError(f"DOCS_CHUNK_CHARS must be at least 100, got {self.docs_chunk_chars}")
+
+    def limits(self) -> DocsLimits:
+        """The library's limits in bytes."""
+        return DocsLimits(max_file_bytes=int(self.docs_max_file_mb * MB),
+                          max_total_bytes=int(self.docs_max_total_mb * MB),
+                          chunk_chars=self.docs_chunk_chars, search_results=self.docs_search_results,
+                          max_unpacked_bytes=int(self.docs_max_unpacked_mb * MB),
+                          max_zip_ratio=self.docs_max_zip_ratio)
+
+
+@dataclass(frozen=True)
 class TurnsSettings:
     """A question's way through: how many may wait, how long it may be, how its answer is delivered, and how
     long running turns get at shutdown."""
@@ -252,12 +301,13 @@ class TurnsSettings:
     max_question_chars: int = 4096
     shutdown_grace_seconds: float = 10.0
     send_patience_seconds: float = 30.0
-    answer_resend_seconds: float = 60.0
+    answer_resend_seconds: float = 5.0
+    answer_save_wait_seconds: float = 120.0
 
     def validate(self) -> None:
         """Refuse limits and waits that are not positive."""
         positive(self, ("max_pending_questions", "max_question_chars", "send_patience_seconds",
-                        "answer_resend_seconds"))
+                        "answer_resend_seconds", "answer_save_wait_seconds"))
 
 
 @dataclass(frozen=True)
@@ -315,6 +365,7 @@ class McpSettings:
     mcp_retry_seconds: float = McpLimits.retry_seconds
     mcp_max_tools_per_server: int = McpLimits.max_tools_per_server
     mcp_description_max_chars: int = McpLimits.description_max_chars
+    mcp_allow_private_addresses: bool = McpLimits.allow_private_addresses
 
     def validate(self) -> None:
         """Refuse limits that are not positive, and a negative retry pause."""
@@ -361,6 +412,7 @@ class Settings:
     agent: AgentSettings = field(default_factory=AgentSettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
     tools: ToolsSettings = field(default_factory=ToolsSettings)
+    docs: DocsSettings = field(default_factory=DocsSettings)
     turns: TurnsSettings = field(default_factory=TurnsSettings)
     quotas: QuotasSettings = field(default_factory=QuotasSettings)
     conversations: ConversationsSettings = field(default_factory=ConversationsSettings)
@@ -436,6 +488,13 @@ class Settings:
             raise ConfigError(f"SUMMARY_KEEP_TOKENS ({self.memory.summary_keep_tokens}) must be below "
                               f"HISTORY_TOKEN_BUDGET ({self.agent.history_token_budget}): a fold keeps that many "
                               "tokens of whole turns")
+
+    def secrets(self) -> list[str]:
+        """Every secret the settings hold, for the redactor (core/secrets.py): the bot token, the webhook secret,
+        the OpenAI API key, and the credentials in the Bot API, webhook and OpenAI URLs."""
+        urls = (self.telegram.telegram_base_url, self.webhook.webhook_url, self.openai.openai_base_url)
+        return [self.telegram.telegram_bot_token, self.webhook.webhook_secret_token, self.openai.openai_api_key,
+                *(secret for url in urls for secret in url_secrets(url))]
 
     def require_telegram_token(self) -> None:
         """`qwenbot run` cannot start without a token; say so in one line."""

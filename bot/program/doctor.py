@@ -25,8 +25,10 @@ from agent.llm.base import ModelRequest
 from bot.program.config import ConfigError, Settings
 from bot.program.logs import configure_logging
 from bot.program.paths import dotenv_file
+from core.secrets import redact
 from db.files import make_private_folders
 from db.instance_lock import lock_path, serving_pid
+from db.marker import marker_path
 from db.migrate import MIGRATIONS_FOLDER, discover
 from tools.calculator import CALCULATOR
 
@@ -102,6 +104,9 @@ def check_disk(settings: Settings) -> Check:
 def check_database(settings: Settings) -> Check:
     """The database exists, is the bot's, has every migration, and takes a write."""
     path = settings.storage.database_path
+    if not path.is_file() and marker_path(path).is_file():
+        return fail("database", f"{path} is missing, but {marker_path(path).name} shows one was created there",
+                    "put the file back or restore a backup; `qwenbot migrate --new-database` starts an empty one")
     if not path.is_file():
         return fail("database", f"no database at {path} yet", "run `qwenbot migrate` (scripts/run.sh does)")
     try:
@@ -327,7 +332,7 @@ async def diagnose(settings: Settings) -> list[Check]:
 def report(checks: list[Check], out: TextIO) -> int:
     """Print a line per check; 0 when all passed, 1 otherwise."""
     for check in checks:
-        print(check.line(), file=out, flush=True)
+        print(redact(check.line()), file=out, flush=True)  # a token pasted into a URL setting, say
     return 0 if all(check.status is Status.OK for check in checks) else 1
 
 
@@ -339,5 +344,5 @@ def doctor_main(out: TextIO = sys.stdout) -> int:
         return report([fail("settings", str(error), "fix that line in .env (.env.example explains each setting)")],
                       out)
     # The report is the output: library log lines (hub, transformers) would only interleave with it.
-    configure_logging("ERROR", secrets=[settings.telegram.telegram_bot_token, settings.openai.openai_api_key])
+    configure_logging("ERROR", secrets=settings.secrets())  # also what `report` redacts
     return report(asyncio.run(diagnose(settings)), out)

@@ -1,10 +1,11 @@
 """Logging set-up: one format, quiet HTTP libraries, and secrets that never reach a log line.
 
-httpx logs every request URL at INFO, and a Bot API URL holds the bot token (`/bot<TOKEN>/getUpdates`), so
-the token is redacted from every record, whatever logger or exception text carries it. MCP header values are
-secrets too: the ones the bot knows join the filter at run time (`add_secrets`), and an `/mcp_add` command, which
-carries them before anyone has read it (python-telegram-bot and aiosqlite log raw updates at DEBUG), loses
-everything after its URL.
+httpx logs every request URL at INFO, and a Bot API URL holds the bot token (`/bot<TOKEN>/getUpdates`), so every
+record is redacted through the process's one set of secrets (core/secrets.py), whatever logger or exception text
+carries it: the token, the webhook secret (python-telegram-bot logs `setWebhook`'s parameters at DEBUG), API
+keys, URL credentials, MCP header values. Secrets met at run time join the same set (`add_secrets`). An
+`/mcp_add` command, which carries its secrets before anyone has read it (python-telegram-bot and aiosqlite log raw
+updates at DEBUG), also loses everything after its URL.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import logging
 import re
 from typing import Iterable
 
-# What a Telegram token looks like, for tokens that reach a log some other way than through Settings.
+from core.secrets import REDACTED, SECRETS, remember_secrets
+
+__all__ = ["REDACTED", "RedactSecrets", "add_secrets", "configure_logging", "redact_handlers", "redact_token_shapes"]
+
 _TOKEN_SHAPE = re.compile(r"\d{6,12}:[A-Za-z0-9_-]{30,}")
 # `/mcp_add NAME URL Header=value…`: the headers are whatever follows the URL.
 _MCP_ADD = re.compile(r"(/mcp_add(?:@\w+)?[ \t]+\S+[ \t]+[^\s\\\"']+)[^\n]*")
-REDACTED = "[REDACTED]"
-_REDACTORS: list["RedactSecrets"] = []  # every installed filter, so secrets met at run time reach them all
 
 
 def redact_token_shapes(text: str) -> str:
@@ -27,22 +29,19 @@ def redact_token_shapes(text: str) -> str:
 
 
 class RedactSecrets(logging.Filter):
-    """Replace each secret (and anything shaped like a bot token) in a record's final text."""
+    """Replace every known secret (and anything shaped like a bot token) in a record's final text."""
 
     def __init__(self, secrets: Iterable[str] = ()):
         super().__init__()
-        self.secrets: list[str] = []
         self.add(secrets)
 
     def add(self, secrets: Iterable[str]) -> None:
-        """Redact `secrets` too (values shorter than 6 characters are too common to replace)."""
-        self.secrets = sorted({*self.secrets, *(s for s in secrets if s and len(s) >= 6)}, key=len, reverse=True)
+        """Redact `secrets` too (everywhere: the set is the process's one)."""
+        remember_secrets(secrets)
 
     def redact(self, text: str) -> str:
         """`text` with every secret replaced."""
-        for secret in self.secrets:
-            text = text.replace(secret, REDACTED)
-        return _MCP_ADD.sub(rf"\1 {REDACTED}", redact_token_shapes(text))
+        return _MCP_ADD.sub(rf"\1 {REDACTED}", SECRETS.redact(text))
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -65,16 +64,13 @@ def configure_logging(level: str, secrets: Iterable[str] = ()) -> None:
 
 
 def redact_handlers(handlers: Iterable[logging.Handler], secrets: Iterable[str] = ()) -> RedactSecrets:
-    """Put one secret-redacting filter on `handlers` (and remember it for `add_secrets`)."""
+    """Put one secret-redacting filter on `handlers`."""
     redactor = RedactSecrets(secrets)
-    _REDACTORS.append(redactor)
     for handler in handlers:
         handler.addFilter(redactor)
     return redactor
 
 
 def add_secrets(secrets: Iterable[str]) -> None:
-    """Secrets learnt at run time (MCP header and environment values) join every installed filter."""
-    values = list(secrets)
-    for redactor in _REDACTORS:
-        redactor.add(values)
+    """Secrets learnt at run time (MCP header and environment values) join the one set every filter reads."""
+    remember_secrets(secrets)

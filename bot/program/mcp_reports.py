@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bot.program.texts import add_texts, text
-from tools.mcp import Listing, McpHub
+from tools.mcp import Listing, McpHub, left_out_text
 from tools.mcp_store import ServerSpec, ToolInfo
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ def listing_text(listing: Listing, lang: str = "en") -> str:
             lines.append(text(key, lang, names=", ".join(_full(listing.server, n) for n in names)))
     if listing.skipped:
         lines.append(text("mcp_skipped", lang, reasons="; ".join(listing.skipped)))
+    if listing.left_out or listing.more_unread:
+        lines.append(f"⚠️ {left_out_text(listing)}.")  # in English: tools/mcp.py words it
     return "\n".join(lines)
 
 

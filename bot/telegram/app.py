@@ -21,14 +21,16 @@ from telegram.ext import Application, ApplicationBuilder, CommandHandler, Contex
 
 from agent.llm.base import LLM
 from bot.program.config import Settings
+from bot.program.logs import add_secrets
 from bot.program.services import Services, naming_database_path, start_services
-from bot.telegram import admin, admin_chats, admin_mcp, handlers
-from bot.telegram.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
+from bot.telegram import admin, admin_chats, admin_docs, admin_mcp, handlers
+from bot.telegram.context import DELIVERIES, PROGRESS, SERVICES, TURNS, BotContext, runtime_data
 from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
 from bot.telegram.ratelimit import BotRateLimiter
 from bot.telegram.replies import quietly
 from bot.telegram.webhook import WebhookServer
-from db import InstanceLock
+from bot.telegram.turns import BY_DATABASE_GONE
+from db import DatabaseGone, InstanceLock
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,7 @@ USER_COMMANDS = [
     ("cancel", "stop the running answer", "停止正在进行的回答"),
     ("trace", "steps of the last answer", "上一次回答的步骤"),
     ("tools", "tools enabled here", "本聊天可用的工具"),
+    ("docs", "documents I can search here", "本聊天可搜索的文档"),
     ("memory", "what I keep of older turns", "我对较早对话的摘要"),
     ("quota", "your share left today", "你今天还剩的额度"),
     ("export", "this chat's history as a file", "把本聊天的记录导出为文件"),
@@ -63,21 +66,27 @@ ADMIN_COMMANDS = [
     ("mcp_add", "NAME URL [Header=value]: connect an MCP server"),
     ("mcp_refresh", "NAME: list a server's tools again"),
     ("mcp_del", "NAME: remove an MCP server"),
+    ("doc_add", "[global], replying to a file: add a document"),
+    ("doc_del", "ID: remove a document"),
+    ("doc_scope", "ID global|here: where a document is searched"),
     ("persona", "TEXT|reset: this chat's persona"),
     ("quota_set", "USER turns|tokens N|default: a user's daily limit"),
 ]
 
 
 def build_application(settings: Settings, *, llm: LLM | None = None,
-                      services_factory: ServicesFactory | None = None) -> Application:
-    """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`)."""
+                      services_factory: ServicesFactory | None = None, new_database: bool = False) -> Application:
+    """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`).
+    `new_database`: make a new database where one was lost (`qwenbot run --new-database`, db/marker.py)."""
+    add_secrets(settings.secrets())  # python-telegram-bot logs the Bot API URL as the bot is built
     async def start(settings: Settings) -> Services:
-        return await start_services(settings, llm=llm)
+        return await start_services(settings, llm=llm, new_database=new_database)
 
     application = (
         ApplicationBuilder()
         .token(settings.telegram.telegram_bot_token)
         .base_url(settings.telegram.telegram_base_url)
+        .base_file_url(settings.telegram.file_url())
         .context_types(ContextTypes(context=BotContext))
         .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram.telegram_messages_per_second,
                                      group_max_rate=settings.telegram.telegram_group_messages_per_minute,
@@ -108,15 +117,26 @@ def register_handlers(application: Application) -> None:
         "allow": admin.allow, "deny": admin.deny, "admins": admin.admins, "stats": admin.stats,
         "mcp_add": admin_mcp.mcp_add, "mcp_list": admin_mcp.mcp_list, "mcp_del": admin_mcp.mcp_del,
         "mcp_refresh": admin_mcp.mcp_refresh,
+        "docs": handlers.docs, "doc_add": admin_docs.doc_add, "doc_del": admin_docs.doc_del,
+        "doc_scope": admin_docs.doc_scope,
         "memory": handlers.memory, "quota": handlers.quota, "export": handlers.export,
         "persona": admin_chats.persona, "quota_set": admin_chats.quota_set,
     }
-    # `/tools all` (admins) before plain `/tools`: the first matching handler of a group wins.
+    # `/tools all` and `/docs all` (admins) before plain `/tools` and `/docs`: the first matching handler wins.
     application.add_handler(CommandHandler("tools", admin.tools_all, filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
     application.add_handler(CommandHandler("tools", handlers.tools, filters=typed))
+    application.add_handler(CommandHandler("docs", admin_docs.docs_all,
+                                           filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
     for name, callback in commands.items():
         application.add_handler(CommandHandler(name, callback, filters=typed))
     application.add_handler(MessageHandler(new & filters.StatusUpdate.MIGRATE, handlers.on_migrate))
+    # Documents: a file with /doc_add as its caption (typed, not forwarded: a forwarded caption is someone else's
+    # text), anywhere; any file in a private chat (forwarding one to the bot is how an admin hands it over). Image
+    # files are pictures to ask about, not documents to search.
+    application.add_handler(MessageHandler(
+        typed & filters.Document.ALL & filters.CaptionRegex(admin_docs.CAPTION_COMMAND), admin_docs.doc_add_caption))
+    application.add_handler(MessageHandler(new & private & filters.Document.ALL & ~filters.Document.IMAGE,
+                                           admin_docs.on_private_file))
     application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
     application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
     application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,
@@ -134,7 +154,9 @@ def _post_init(settings: Settings, start: ServicesFactory) -> Callable[[Applicat
 
 
 async def _post_shutdown(application: Application) -> None:
-    """Close the model and the database (after every handler has ended)."""
+    """Close the model and the database (after every handler has ended, and the last delivery is written)."""
+    if (deliveries := application.bot_data.get(DELIVERIES)) is not None:
+        await deliveries.settled()
     services: Services | None = application.bot_data.pop(SERVICES, None)
     if services is not None:
         await services.close()
@@ -187,12 +209,13 @@ async def serve(application: Application, settings: Settings, stop: asyncio.Even
 async def _take_updates(application: Application, settings: Settings, stop: asyncio.Event,
                         poll_timeout: float) -> None:
     services: Services = application.bot_data[SERVICES]
-    journal = UpdateJournal(services.db, journal_source(application.bot.id, settings))
-    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS],
-                            resend_after=settings.turns.answer_resend_seconds)
+    journal = UpdateJournal(services.db, journal_source(application.bot.id, settings),
+                            max_question_chars=settings.turns.max_question_chars)
+    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS])
     await journal.claim_legacy()
     await journal.report_foreign()
     await journal.prune()
+    await journal.husk_handled()  # rows a version before the husks kept whole
     await application.bot_data[PROGRESS].clean_up(application.bot)  # left on screen by a killed process
     await dispatcher.replay()
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)
@@ -205,6 +228,9 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
         stopping.cancel()
         watch.cancel()
         await intake.close()
+        if watch.done() and not watch.cancelled() and isinstance(watch.exception(), DatabaseGone):
+            # Nothing can be stored any more: stop every turn now, and each tells its asker (bot/telegram/questions.py).
+            application.bot_data[TURNS].cancel_all(BY_DATABASE_GONE)
         await dispatcher.finish(settings.turns.shutdown_grace_seconds)
     for task in (watch, intake.task):
         if task.done() and not task.cancelled() and task.exception():
@@ -234,23 +260,25 @@ async def _start_intake(application: Application, settings: Settings, dispatcher
     async def accept(update: Update) -> None:
         await dispatcher.accept([update])
 
+    secret = webhook.webhook_secret_token or secrets.token_urlsafe(32)
+    add_secrets([secret])  # python-telegram-bot logs setWebhook's parameters at DEBUG
     server = WebhookServer(application.bot, accept, url=webhook.webhook_url, listen=webhook.webhook_listen,
-                           port=webhook.webhook_port, secret=webhook.webhook_secret_token or secrets.token_urlsafe(32),
+                           port=webhook.webhook_port, secret=secret,
                            max_body_bytes=webhook.webhook_max_body_bytes, allowed_updates=ALLOWED_UPDATES)
     return _Intake(asyncio.create_task(server.run(), name="webhook"))
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, *, new_database: bool = False) -> None:
     """`qwenbot run`: serve until SIGINT or SIGTERM."""
-    asyncio.run(_run_until_signal(settings))
+    asyncio.run(_run_until_signal(settings, new_database))
 
 
-async def _run_until_signal(settings: Settings) -> None:
+async def _run_until_signal(settings: Settings, new_database: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     mode = f"webhook at {settings.webhook.webhook_url}" if settings.webhook.webhook_url else "long polling"
     log.info("starting the bot (%s)", mode)
-    await serve(build_application(settings), settings, stop)
+    await serve(build_application(settings, new_database=new_database), settings, stop)
     log.info("stopped")

@@ -12,6 +12,7 @@ from telegram.ext import CallbackContext, ExtBot
 
 from bot.program.config import Settings
 from bot.telegram.access import AccessControl
+from bot.telegram.deliveries import DeliveryLedger
 from bot.telegram.progress import ProgressLedger
 from bot.telegram.quotas import Quotas
 from bot.telegram.refusals import RefusalLog
@@ -29,6 +30,7 @@ REFUSALS = "refusals"
 DRAFTS = "drafts"
 PROGRESS = "progress"
 QUOTAS = "quotas"
+DELIVERIES = "deliveries"
 
 
 class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
@@ -55,6 +57,11 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
         return self.bot_data[PROGRESS]
 
     @property
+    def deliveries(self) -> DeliveryLedger:
+        """The pieces of answers Telegram took (bot/telegram/deliveries.py)."""
+        return self.bot_data[DELIVERIES]
+
+    @property
     def quotas(self) -> Quotas:
         """Users' daily limits and what they used today (bot/telegram/quotas.py)."""
         return self.bot_data[QUOTAS]
@@ -79,5 +86,5 @@ def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
     """The `bot_data` entries `post_init` installs."""
     return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
             TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.access.refusal_interval_seconds),
-            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db),
+            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db), DELIVERIES: DeliveryLedger(services.db),
             QUOTAS: Quotas(services.db, settings.quotas)}

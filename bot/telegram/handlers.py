@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from telegram import InputFile, ReplyParameters, Update
 from telegram.error import Forbidden
 
+from bot.program.doc_reports import documents_text
 from bot.program.export import render_export
 from bot.telegram.chat import (allowed, is_group, may_talk, refuse, reply, reply_or_refuse, session_for, topic_of,
                                user_language)
@@ -101,6 +102,15 @@ async def tools(update: Update, context: BotContext) -> None:
     chat_key = session_for(update.effective_message).chat_key
     enabled = await context.services.tool_settings.enabled_tools(chat_key)
     await reply(update.effective_message, tools_text(enabled, user_language(update)))
+
+
+async def docs(update: Update, context: BotContext) -> None:
+    """/docs: the documents this chat can search (/docs all, for admins, is in bot/telegram/admin_docs.py)."""
+    if not await allowed(update, context):
+        return
+    here = session_for(update.effective_message).chat_key
+    listing = documents_text(await context.services.documents.documents(here), here)
+    await reply(update.effective_message, listing)
 
 
 async def memory(update: Update, context: BotContext) -> None:
@@ -199,4 +209,5 @@ async def on_error(update: object, context: BotContext) -> None:
     if is_group(message) and addressed_question(message, context.bot.username, context.bot.id) is None \
             and not (message.text or "").startswith("/"):
         return  # a failure on group chatter is not worth a message to the group
-    await quietly(reply(message, text("apology", user_language(update))), "the apology")
+    apology = "database_gone" if isinstance(context.error, DatabaseGone) else "apology"
+    await quietly(reply(message, text(apology, user_language(update))), "the apology")

@@ -124,14 +124,14 @@ class RunningBot:
 
 async def running_bot(server: FakeTelegramServer, tmp_path: Path, replies: Sequence[Reply] = (), *,
                       delay: float = 0.0, token_seconds: float = 0.0, llm: ScriptedLLM | None = None,
-                      **overrides: Any) -> RunningBot:
+                      new_database: bool = False, **overrides: Any) -> RunningBot:
     """Start the real application against `server`, with a scripted model (streaming its replies piece by piece,
-    `token_seconds` apart, when given); returns once it polls."""
+    `token_seconds` apart, when given); returns once it polls. `new_database` as `qwenbot run --new-database`."""
     settings = bot_settings(server, tmp_path, **overrides)
     llm = llm or ScriptedLLM(replies, delay=delay, token_seconds=token_seconds)
-    application = build_application(settings, llm=llm)
+    application = build_application(settings, llm=llm, new_database=new_database)
     stop_event = asyncio.Event()
-    polls_before = len(server.calls_to("getUpdates"))
+    polls_before = server.polls_started  # polls begun (a cancelled one is never recorded as a call)
     task = asyncio.create_task(serve(application, settings, stop_event, poll_timeout=1))
     bot = RunningBot(server, settings, llm, application, stop_event, task)
     # getUpdates is recorded when it answers: wait for the first long poll to be under way instead.
