@@ -53,6 +53,13 @@ ADMIN_TEXTS = {
         "en": '/mcp_add NAME URL [Header=value …], e.g. /mcp_add wiki http://127.0.0.1:8000/mcp '
               '"Authorization=Bearer TOKEN" (quote a value with spaces; a URL ending in /sse is an SSE server)'},
     "usage_mcp_del": {"zh": "/mcp_del 名称", "en": "/mcp_del NAME"},
+    "usage_doc_add": {
+        "zh": "/doc_add [global]：作为文件的说明，或回复一条带文件的消息：把它加入本聊天（加 global 则所有聊天）可搜索的文档",
+        "en": "/doc_add [global] as the caption of a file, or in reply to a message with a file: add it to the "
+              "documents searchable here (or in every chat)"},
+    "usage_doc_del": {"zh": "/doc_del ID（/docs 显示的编号）", "en": "/doc_del ID (the number /docs shows)"},
+    "usage_doc_scope": {"zh": "/doc_scope ID global|here：这个文档可以在哪里被搜索",
+                        "en": "/doc_scope ID global|here: where the document may be searched"},
     "usage_mcp_refresh": {"zh": "/mcp_refresh 名称", "en": "/mcp_refresh NAME"},
     # --- tools -----------------------------------------------------------------------------------------------
     "no_such_tool": {"zh": "❌ 没有叫 {name} 的工具。现有工具：{known}", "en": "❌ No tool named {name}. Tools: {known}"},

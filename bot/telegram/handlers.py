@@ -109,7 +109,7 @@ async def docs(update: Update, context: BotContext) -> None:
     if not await allowed(update, context):
         return
     here = session_for(update.effective_message).chat_key
-    listing = documents_text(await context.services.documents.documents(here), here)
+    listing = documents_text(await context.services.documents.documents(here), here, user_language(update))
     await reply(update.effective_message, listing)
 
 
