@@ -58,8 +58,12 @@ def resolve_model(setting: str, base_dir: Path | None = None) -> ModelSource:
                          "(nor a hub id like Qwen/Qwen2.5-1.5B-Instruct)")
 
 
+QUANTIZED = ("int8", "int4")  # MODEL_DTYPEs whose linear layers are quantized after loading (CPUs only)
+
+
 def choose_dtype(setting: str, on_gpu: bool) -> Any:
-    """The torch dtype for MODEL_DTYPE; `auto` means bf16 where the hardware computes it natively, else fp32.
+    """The torch dtype to load the model in for MODEL_DTYPE; `auto` means bf16 where the hardware computes it
+    natively, else fp32. int8 and int4 load in the same dtype as auto, then quantize the linear layers.
 
     Native bf16: a CUDA GPU, or a CPU with avx512_bf16 or AMX (several times faster than fp32 there: bench/README.md).
     Without those instructions bf16 is emulated and slower than fp32. bf16 is not batch-invariant: rounding can
@@ -69,10 +73,8 @@ def choose_dtype(setting: str, on_gpu: bool) -> Any:
     import torch
 
     check_dtype_setting(setting)
-    if setting == "auto":
+    if setting == "auto" or setting in QUANTIZED:
         return torch.bfloat16 if on_gpu or cpu_has_native_bf16() else torch.float32
-    if setting == "int8":
-        return torch.float32  # loaded in fp32, then its linear layers quantized (`quantize_int8`)
     return getattr(torch, setting)
 
 
@@ -114,9 +116,9 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
 
     started = time.perf_counter()
     on_gpu = torch.cuda.is_available() and device_map not in ("", "cpu")
-    if dtype_setting == "int8" and on_gpu:
-        raise ModelLoadError("MODEL_DTYPE=int8 is for CPUs (its kernels run there only): on a GPU use auto (bf16), "
-                             "or MODEL_DEVICE_MAP=cpu")
+    if dtype_setting in QUANTIZED and on_gpu:
+        raise ModelLoadError(f"MODEL_DTYPE={dtype_setting} is for CPUs (its kernels run there only): on a GPU use "
+                             "auto (bf16), or MODEL_DEVICE_MAP=cpu")
     dtype = choose_dtype(dtype_setting, on_gpu)
     converted = converted_folder(source, dtype, converted_dir)
     try:
@@ -132,10 +134,11 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     except Exception as error:
         raise ModelLoadError(f"MODEL {source.setting}: cannot load it: {_first_line(error)}") from error
     model.eval()
-    model = speed_up(model, on_gpu=on_gpu, int8=dtype_setting == "int8", native_bf16=cpu_has_native_bf16())
+    quantize = dtype_setting if dtype_setting in QUANTIZED else None
+    model = speed_up(model, on_gpu=on_gpu, quantize=quantize)
     grammars = GrammarEngine(tokenizer)
     # Logged once the model can answer (bench/bench_local.py times a second start of `qwenbot ask` to this line).
-    log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, "int8" if dtype_setting == "int8" else model.dtype,
+    log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, quantize or model.dtype,
              model.device, time.perf_counter() - started,
              f" from {converted}" if converted and converted.exists() else "")
     return LoadedModel(model, tokenizer, grammars)
