@@ -14,7 +14,8 @@ Each model goes through llama.cpp's own tools, as a user of llama.cpp would make
     4. `llama-quantize … Q4_K_M` → the file every engine of the side-by-side runs
 
     .venv/bin/python bench/sized_models.py --llama-cpp SRC/vendor/llama.cpp --quantize /work/cache/llama.cpp/llama-quantize
-    .venv/bin/python bench/sized_models.py --shapes 0.5b        # only one
+    .venv/bin/python bench/sized_models.py --shapes 0.5b ...    # only one
+    .venv/bin/python bench/sized_models.py --hf-only           # only the transformers folders (a GPU check)
 
 Files: `.cache/models/qwen2.5-{0.5b,1.5b}-shape.Q4_K_M.gguf` (`--out`); a file already there is kept (delete it to
 build again). The intermediate files go to a temporary folder and are removed (`--keep` keeps them). Peak memory is
@@ -102,6 +103,20 @@ def quantize(quantizer: Path, source: Path, target: Path) -> None:
                    stdout=subprocess.DEVNULL)
 
 
+def hf_folder(out: Path, shape: str) -> Path:
+    """Where `--hf-only` puts the transformers folder of `shape`."""
+    return out / f"qwen2.5-{shape}-shape"
+
+
+def build_hf_only(shape: str, args: argparse.Namespace) -> Path:
+    """The transformers folder of `shape` (bf16, random weights), built unless it is there."""
+    target = hf_folder(args.out, shape)
+    if not (target / "config.json").is_file():
+        parameters = build_hf_model(shape, target, args.seed)
+        print(f"{shape}: {parameters / 1e6:.0f}M parameters, random weights in {target}", file=sys.stderr)
+    return target
+
+
 def build(shape: str, args: argparse.Namespace) -> Path:
     """The Q4_K_M GGUF of `shape`, built unless it is there."""
     target = gguf_path(args.out, shape)
@@ -129,15 +144,19 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    parser.add_argument("--llama-cpp", type=Path, required=True,
-                        help="llama.cpp's source folder (with convert_hf_to_gguf.py and gguf-py/)")
-    parser.add_argument("--quantize", type=Path, required=True, help="the llama-quantize binary")
+    parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's source folder (with convert_hf_to_gguf.py "
+                        "and gguf-py/)")
+    parser.add_argument("--quantize", type=Path, help="the llama-quantize binary")
+    parser.add_argument("--hf-only", action="store_true", help="only the transformers folders, no GGUF")
     parser.add_argument("--out", type=Path, default=ROOT / ".cache" / "models", help="where the GGUF files go")
     parser.add_argument("--work", type=Path, default=None, help="where the intermediate files go (a temp folder)")
     parser.add_argument("--seed", type=int, default=0, help="the random weights' seed")
     parser.add_argument("--keep", action="store_true", help="keep the transformers model and the bf16 GGUF")
     args = parser.parse_args(argv)
-    for need in (args.llama_cpp / "convert_hf_to_gguf.py", args.quantize, TEST_GGUF):
+    if not args.hf_only and (args.llama_cpp is None or args.quantize is None):
+        parser.error("--llama-cpp and --quantize are needed for the GGUF files (or --hf-only)")
+    needs = [TEST_GGUF] if args.hf_only else [TEST_GGUF, args.llama_cpp / "convert_hf_to_gguf.py", args.quantize]
+    for need in needs:
         if not need.exists():
             parser.error(f"missing: {need}")
     return args
@@ -151,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args = parse(argv)
     for shape in args.shapes:
-        print(build(shape, args))
+        print(build_hf_only(shape, args) if args.hf_only else build(shape, args))
     return 0
 
 

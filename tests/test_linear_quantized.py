@@ -141,7 +141,7 @@ def test_quantize_int8_replaces_every_linear_layer_of_an_fp32_model_too() -> Non
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def int4_llm():
-    backend = await started_local_llm(dtype="int4")
+    backend = await started_local_llm(dtype="int4", prefix_cache_mb=None)  # None: auto, sized from the model
     yield backend
     await backend.close()
 

@@ -78,6 +78,15 @@ def choose_dtype(setting: str, on_gpu: bool) -> Any:
     return getattr(torch, setting)
 
 
+def resolved_mode(setting: str, on_gpu: bool) -> tuple[str, int]:
+    """What MODEL_DTYPE `setting` runs as here (a dtype's name, or int8/int4), and the bytes of one number of
+    the rest of the model and of its KV cache."""
+    dtype = choose_dtype(setting, on_gpu)
+    if setting in QUANTIZED:
+        return setting, dtype.itemsize
+    return str(dtype).removeprefix("torch."), dtype.itemsize
+
+
 def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this CPU has bf16 arithmetic instructions (Linux's flags; elsewhere assume not)."""
     try:
