@@ -160,7 +160,7 @@ async def test_int4_answers_in_one_batch_and_reuses_the_prefix_of_an_earlier_cal
         await asyncio.sleep(0.05)
         replies = await asyncio.gather(*(int4_llm.complete(call) for call in calls))
         await busy
-    assert 3 in sizes, sizes
+    assert max(sizes) >= 3, sizes  # the three in one batch (beside the busy row, which pauses for them)
     assert all("Paris" in reply.text for reply in replies)
     again = await int4_llm.complete(ModelRequest(FRANCE, max_new_tokens=12))
     assert again.cached_tokens >= again.prompt_tokens - 1  # all but the last prompt token reused
@@ -181,6 +181,9 @@ async def test_int4_decodes_a_constrained_step_with_speculative_tokens_taken(int
     with worker_log_watched(note):
         step = await int4_llm.complete(ModelRequest(request.messages, stop=request.stop, max_new_tokens=64,
                                                     grammar=request.grammar))
+        # the reply resolves as its row ends, the decode loop logs its count after: one more call on the (serial)
+        # model thread waits for that line
+        await int4_llm.complete(ModelRequest(FRANCE, max_new_tokens=1))
     decision = parse_react(step.text, turn_tools)
     assert isinstance(decision, ToolRequest) and decision.input_error is None, step.text
     assert sum(taken) > 0  # the grammar's forced text was checked as speculative tokens and taken
