@@ -5,6 +5,9 @@ ReAct keeps the whole trace inside one assistant message that the backend contin
 Each request also carries the grammar of the reply it expects (agent/grammar.py), when the turn is constrained:
 the conversation knows where the trace stands (a fresh step, one after `Thought:`, the answer after
 `Final Answer:`), and whether a tool call is still required before the answer.
+
+Text that is data (the question, the history, tool results) enters a prompt defused (agent/untrusted.py): a user
+cannot write a step of the trace, or a turn of the chat template, into it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from agent.prompts import (REACT_STOP, REACT_STOPS, STEP_LIMIT_NOTE, SYSTEM_MESS
                            react_question)
 from agent.react import final_answer_so_far, parse_react, plain_answer_so_far, segments
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
+from agent.untrusted import defuse
 from tools.registry import Tool
 
 
@@ -73,7 +77,7 @@ class ReactConversation:
         self.limits = rules.grammar if self.tools else None
         self.first_tools = [tool for tool in self.tools if tool.name in rules.required_tools]
         self.tool_required = bool(self.first_tools)
-        self.messages = _react_messages(history, question, self.tools, rules.react_layout)
+        self.messages = _react_messages(_defused(history), defuse(question), self.tools, rules.react_layout)
         self.trace = ""  # the assistant's text so far; the backend continues it
         self.answer_requested = False  # the step limit is reached: the next reply is the answer
 
@@ -99,7 +103,7 @@ class ReactConversation:
     def add_results(self, completion: Completion, results: Sequence[tuple[ToolRequest, str]]) -> None:
         request, observation = results[0]
         self.tool_required = False
-        self.trace += f"{request.trace_text}\n{REACT_STOP} {observation}\nThought:"
+        self.trace += f"{request.trace_text}\n{REACT_STOP} {defuse(observation)}\nThought:"
 
     def add_reminder(self, completion: Completion, reminder: str) -> None:
         self.trace += f"{completion.text.rstrip()}\n{REACT_STOP} {reminder}\nThought:"
@@ -137,8 +141,8 @@ class NativeConversation:
         self.limits = rules.grammar
         self.first_tools = [tool for tool in self.tools if tool.name in rules.required_tools]
         self.tool_required = bool(self.first_tools)
-        self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
-                                        {"role": "user", "content": question}]
+        self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *_defused(history),
+                                        {"role": "user", "content": defuse(question)}]
 
     def request(self) -> ModelRequest:
         specs = [tool.openai_spec() for tool in self.tools] if self.offer_tools else None
@@ -161,7 +165,7 @@ class NativeConversation:
         self.messages.append({"role": "assistant", "content": content, "tool_calls": calls})
         for call, (request, observation) in zip(calls, results):
             self.messages.append({"role": "tool", "tool_call_id": call["id"], "name": request.tool,
-                                  "content": observation})
+                                  "content": defuse(observation)})
 
     def add_reminder(self, completion: Completion, reminder: str) -> None:
         self.messages.append({"role": "assistant", "content": completion.text})
@@ -191,6 +195,11 @@ def _react_messages(history: Sequence[Message], question: str, tools: Sequence[T
     past = [{**m, "content": react_question(m["content"])} if m["role"] == "user" else m for m in history]
     return [{"role": "system", "content": f"{SYSTEM_MESSAGE}\n\n{react_instructions(tools)}"}, *past,
             {"role": "user", "content": react_question(question)}]
+
+
+def _defused(history: Sequence[Message]) -> list[Message]:
+    """The history as data: each message's text defused (an earlier answer may quote what a user wrote)."""
+    return [{**message, "content": defuse(str(message.get("content") or ""))} for message in history]
 
 
 def _plain_answer(text: str) -> Decision:

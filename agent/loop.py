@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from agent.conversations import Conversation, TurnRules, arguments_key, start_conversation
-from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.errors import LLMCancelled, LLMError, LLMTimeout, TurnNotSaved
 from agent.events import AnswerText, EventSink, ModelCall, ToolFinished, ToolStarted, TurnEvent
 from agent.grammar import GrammarLimits
 from agent.llm.base import LLM, CancelToken, Completion, TextSink
@@ -27,6 +27,7 @@ from agent.prompts import REPEATED_CALL_NOTE, TOOL_FIRST_PROBLEM, format_reminde
 from agent.repetition import collapse_loops
 from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
 from agent.unicode import clean_text
+from db import DatabaseBusy, DatabaseGone
 from tools.registry import Tool, ToolRegistry, tools_for_turn
 from tools.settings import ToolSettings
 
@@ -116,6 +117,9 @@ class Agent:
                   cancel: CancelToken | None = None) -> TurnResult:
         """Answer `question` in `session`; store the finished turn; return the answer and its steps.
 
+        A database another process holds past its busy timeout when the turn is to be stored raises
+        `TurnNotSaved`, which carries the result and a way to store it later.
+
         `on_event` sees the turn as it runs (agent/events.py): steps, observations, the answer as it is written.
         """
         started, started_at = time.perf_counter(), utc_now()
@@ -134,7 +138,11 @@ class Agent:
         except (LLMError, asyncio.CancelledError) as error:
             await self._store_failure(session, record, state, started, error)
             raise
-        turn_id = await self.memory.save_turn(session, replace(record, result=result))
+        save = partial(self.memory.save_turn, session, replace(record, result=result))
+        try:
+            turn_id = await save()
+        except DatabaseBusy as error:  # the answer is there: the caller may deliver it and store it later
+            raise TurnNotSaved(str(error), result, save) from error
         return replace(result, turn_id=turn_id)
 
     async def _tools_required(self, session: Session, question: str, tools: list[Tool]) -> tuple[str, ...]:
@@ -236,7 +244,8 @@ class Agent:
     async def _call_tool(self, request: ToolRequest, state: TurnState) -> tuple[str, str | None]:
         allowed = [tool.name for tool in state.tools]
         result = await self.registry.call(request.tool, request.arguments if request.arguments is not None else {},
-                                          allowed=allowed, before_run=partial(self._audit, state))
+                                          allowed=allowed, before_run=partial(self._audit, state),
+                                          chat_key=state.session.chat_key)
         return truncate(result.output, self.limits.observation_max_chars), result.error
 
     async def _audit(self, state: TurnState, tool: Tool, arguments: dict[str, Any]) -> None:
@@ -252,9 +261,11 @@ class Agent:
         result = state.result(f"({type(error).__name__}: {error})", status, started)
         try:
             await self.memory.save_turn(session, replace(record, result=result, source_key=None), to_history=False)
-        except Exception:
+        except Exception as failure:
             if self.memory.db.closed:  # shutdown closed it while this turn wound down; its update is kept unhandled
                 log.info("the failed turn was not stored: the database is closed (shutting down)")
+            elif isinstance(failure, DatabaseGone):  # the bot is stopping for it (db/file_watch.py)
+                log.info("the failed turn was not stored: %s", failure)
             else:
                 log.warning("could not store the failed turn", exc_info=True)
 

@@ -2,7 +2,8 @@
 
 A turn is written once, when it ends, in one transaction: its question and answer go to `messages` (the history
 the model sees next time) and its steps to `turns`/`steps` (for /trace, /stats and audit). `reset` forgets the
-history; traces stay.
+history; traces stay. Every text stored passes the process's redactor first (core/secrets.py): a secret that
+reached a turn some way (a tool echoing it, a user pasting it) is not kept in the database.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 from agent.llm.base import Message
 from agent.steps import Step, StepKind, TurnResult, TurnStatus
+from core.secrets import redact
 from db import Database
 
 HISTORY_ROWS_SCANNED = 400  # enough for any sane token budget; keeps the query bounded
@@ -101,8 +103,8 @@ class Memory:
             if to_history:
                 await conn.executemany(
                     "INSERT INTO messages (session_id, turn_id, role, content) VALUES (?, ?, ?, ?)",
-                    [(session.id, turn_id, "user", record.question),
-                     (session.id, turn_id, "assistant", record.result.answer)])
+                    [(session.id, turn_id, "user", redact(record.question)),
+                     (session.id, turn_id, "assistant", redact(record.result.answer))])
         return turn_id
 
     async def reset(self, session_id: str) -> int:
@@ -150,7 +152,7 @@ async def _insert_turn(conn: Any, session_id: str, record: TurnRecord) -> int:
     cursor = await conn.execute(
         "INSERT INTO turns (session_id, user_id, source_key, question, answer, status, mode, model_calls, "
         "prompt_tokens, completion_tokens, started_at, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (session_id, record.user_id, record.source_key, record.question, result.answer, result.status,
+        (session_id, record.user_id, record.source_key, redact(record.question), redact(result.answer), result.status,
          record.mode, result.model_calls, result.prompt_tokens, result.completion_tokens, record.started_at,
          result.duration_ms))
     return int(cursor.lastrowid)
@@ -160,5 +162,9 @@ async def _insert_steps(conn: Any, turn_id: int, steps: Sequence[Step]) -> None:
     await conn.executemany(
         "INSERT INTO steps (turn_id, position, kind, thought, action, action_input, observation, error, duration_ms) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [(turn_id, s.position, s.kind, s.thought, s.action, s.action_input, s.observation, s.error, s.duration_ms)
-         for s in steps])
+        [(turn_id, s.position, s.kind, _redacted(s.thought), s.action, _redacted(s.action_input),
+          _redacted(s.observation), s.error, s.duration_ms) for s in steps])
+
+
+def _redacted(text: str | None) -> str | None:
+    return None if text is None else redact(text)

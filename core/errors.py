@@ -14,7 +14,10 @@ turn can meet into a short apology.
     │   ├── DatabaseBusy             another process held the write lock past the busy timeout
     │   │                            (also a sqlite3.OperationalError)
     │   ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
-    │   └── DatabaseGone             the file was deleted or replaced while the process had it open
+    │   ├── DatabaseGone             the file was deleted or replaced while the process had it open
+    │   ├── BackupError              a backup cannot be written, or a file cannot be restored (db/backup.py)
+    │   ├── DatabaseMissing          no database where its marker says one was created (db/marker.py)
+    │   └── SecretKeyError           the key that seals secrets at rest is unusable, or not the one used
     ├── ToolError                    a tool refuses its input; the model reads it (tools/errors.py)
     │   ├── UnknownTool              no tool of that name (also a KeyError)
     │   ├── CalculationError
@@ -23,12 +26,15 @@ turn can meet into a short apology.
     │       └── ServerUnavailable    the MCP server cannot be reached or hung up
     ├── ConfirmationNeeded           enabling a tool that may change data needs the admin's flag (tools/errors.py)
     ├── McpConfigError               an MCP server definition cannot be used (tools/errors.py)
+    │   └── PrivateAddress           an admin-added server resolves to a non-public address
     └── AgentError                   (agent/errors.py)
-        └── LLMError                 a backend could not produce a completion
-            ├── ModelLoadError
-            ├── LLMTimeout
-            ├── LLMCancelled
-            └── LLMOutOfMemory
+        ├── LLMError                 a backend could not produce a completion
+        │   ├── ModelLoadError
+        │   ├── LLMTimeout
+        │   ├── LLMCancelled
+        │   └── LLMOutOfMemory
+        └── TurnNotSaved             the turn's answer is there, but storing it met a busy database
+                                     (also a sqlite3.OperationalError); it carries a way to store it later
 """
 
 

@@ -9,6 +9,7 @@ the dozens of turns a burst of questions finishes at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 from contextlib import asynccontextmanager
@@ -20,12 +21,16 @@ import aiosqlite
 from db.errors import DatabaseBusy, DatabaseOpenError, is_busy
 from db.file_watch import FileWatch
 from db.files import create_private
+from db.marker import mark_created, refuse_if_lost
 from db.migrate import MIGRATIONS_FOLDER, apply_migrations
 from db.write_lock import WriteLock
 
 # How long a write waits for another process's lock before DatabaseBusy (the default of
 # DATABASE_BUSY_TIMEOUT_SECONDS).
 BUSY_TIMEOUT_SECONDS = 10.0
+# What the write-ahead log is cut back to after a checkpoint: SQLite reuses the file but never shrinks it, so one
+# burst (twenty 1 MB updates) would leave it that large for good. 4 MiB is about one automatic checkpoint's worth.
+WAL_SIZE_LIMIT_BYTES = 4 * 1024 * 1024
 
 
 class Database:
@@ -75,6 +80,25 @@ class Database:
                 raise
             raise DatabaseBusy(str(error)) from error
 
+    async def checkpoint(self, attempts: int = 5) -> bool:
+        """Copy the write-ahead log into the database file and empty the log, between writers (the log keeps the
+        pages a secret was written to until it is reused; after a secret is scrubbed from a row, it must go).
+        Best effort: a read still open on the shared connection makes SQLite refuse, so it is tried `attempts`
+        times; whether it was done."""
+        for attempt in range(attempts):
+            async with self._write_lock.hold(False):
+                try:
+                    async with self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)") as cursor:
+                        busy, _, _ = await cursor.fetchone()
+                except sqlite3.OperationalError as error:
+                    if not is_busy(error):
+                        raise
+                    busy = 1
+            if not busy:
+                return True
+            await asyncio.sleep(0.05 * (attempt + 1))
+        return False
+
     async def fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[aiosqlite.Row]:
         """All rows of a query."""
         async with self.conn.execute(sql, tuple(params)) as cursor:
@@ -92,10 +116,17 @@ class Database:
 
 
 async def open_database(path: str | Path, *, busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS,
-                        migrations_folder: Path = MIGRATIONS_FOLDER) -> Database:
-    """Open (creating folders as needed) and migrate the database at `path`."""
+                        migrations_folder: Path = MIGRATIONS_FOLDER, new_database: bool = False) -> Database:
+    """Open (creating folders as needed) and migrate the database at `path`.
+
+    A database that once existed there and is gone (db/marker.py) is not made anew unless `new_database`: that
+    raises `DatabaseMissing`.
+    """
     path = Path(path)
-    if str(path) != ":memory:":
+    on_disk = str(path) != ":memory:"
+    if on_disk:
+        if not new_database:
+            await asyncio.to_thread(refuse_if_lost, path)
         await asyncio.to_thread(create_private, path)
     # Probe with plain sqlite3 first: when aiosqlite.connect itself fails, its worker thread can outlive the
     # event loop and print a traceback of its own.
@@ -113,6 +144,9 @@ async def open_database(path: str | Path, *, busy_timeout_seconds: float = BUSY_
     except BaseException:
         await conn.close()
         raise
+    if on_disk:
+        with contextlib.suppress(OSError):  # a folder that takes no new file: the database works all the same
+            await asyncio.to_thread(mark_created, path)
     return database
 
 
@@ -121,6 +155,10 @@ async def _configure(conn: aiosqlite.Connection, path: Path) -> None:
     try:
         await conn.execute("PRAGMA journal_mode = WAL")
         await conn.execute("PRAGMA foreign_keys = ON")
+        # Deleted and overwritten content is zeroed, not left in free pages: a secret scrubbed from a row (the
+        # journal's husks, sealed MCP headers) is then gone from the file, not merely unlinked.
+        await conn.execute("PRAGMA secure_delete = ON")
+        await conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
     except sqlite3.Error as error:
         raise DatabaseOpenError(f"cannot open the database {path}: {error}") from error
 

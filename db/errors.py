@@ -6,7 +6,10 @@
     ├── DatabaseBusy             another process held the write lock past the busy timeout (also a
     │                            sqlite3.OperationalError)
     ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
-    └── DatabaseGone             the file was deleted or replaced while the process had it open
+    ├── DatabaseGone             the file was deleted or replaced while the process had it open
+    ├── BackupError              a backup cannot be written, or a file cannot be restored (db/backup.py)
+    ├── DatabaseMissing          no database where its marker says one was created (db/marker.py)
+    └── SecretKeyError           the key that seals secrets at rest is unusable, or not the one used
 """
 
 from __future__ import annotations
@@ -43,3 +46,15 @@ def is_busy(error: sqlite3.Error) -> bool:
 
 class DatabaseInUse(DatabaseError):
     """Another process holds the database's instance lock, and did not let go within the wait."""
+
+
+class BackupError(DatabaseError):
+    """A backup could not be written, or a file cannot be restored; nothing was replaced."""
+
+
+class DatabaseMissing(DatabaseError):
+    """There is no database file, but its marker shows one existed: it was lost, and is not silently replaced."""
+
+
+class SecretKeyError(DatabaseError):
+    """The key file that seals the database's secrets (db/secret_box.py) cannot be used, or sealed other data."""

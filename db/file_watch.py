@@ -46,8 +46,8 @@ class FileWatch:
                 what = "deleted" if now is None else "replaced by another file"
                 self.gone = DatabaseGone(
                     f"the database file {self.path} was {what} while the bot was running; stopped so that "
-                    f"nothing more is written to a file that is no longer there (put it back, or start again "
-                    f"to begin a new one)")
+                    f"nothing more is written to a file that is no longer there (put it back, or start with "
+                    f"--new-database to begin a new, empty one)")
                 self._noticed.set()
         if self.gone is not None:
             raise self.gone

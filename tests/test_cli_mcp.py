@@ -19,7 +19,7 @@ def weather(tmp_path_factory):
 
 
 def test_add_list_tools_and_del_mirror_the_admin_commands(tmp_path, weather):
-    env = {"DATABASE_PATH": str(tmp_path / "bot.sqlite3")}
+    env = {"DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "MCP_ALLOW_PRIVATE_ADDRESSES": "true"}
     added = qwenbot("mcp", "add", "weather", weather.url, f"X-Api-Key={SECRET}", **env)
     assert added.returncode == 0, added.stderr
     assert added.stdout.startswith(f"✅ Added weather (streamable HTTP {weather.url}, headers X-Api-Key (values "
@@ -48,7 +48,7 @@ def test_add_list_tools_and_del_mirror_the_admin_commands(tmp_path, weather):
 
 
 def test_failures_are_one_line_with_exit_status_2(tmp_path):
-    env = {"DATABASE_PATH": str(tmp_path / "bot.sqlite3")}
+    env = {"DATABASE_PATH": str(tmp_path / "bot.sqlite3"), "MCP_ALLOW_PRIVATE_ADDRESSES": "true"}
     nobody = qwenbot("mcp", "add", "wiki", f"http://127.0.0.1:{free_port()}/mcp", **env)
     assert (nobody.returncode, nobody.stderr) == (
         2, "qwenbot: MCP server wiki is unreachable: nothing answers at that address\n")

@@ -172,7 +172,8 @@ async def test_qwenbot_run_stops_with_one_line_when_its_database_is_deleted(tmp_
     assert process.returncode == 2, stderr
     assert stderr.strip().splitlines()[-1] == (
         f"qwenbot: the database file {path} was deleted while the bot was running; stopped so that nothing more "
-        f"is written to a file that is no longer there (put it back, or start again to begin a new one)")
+        f"is written to a file that is no longer there (put it back, or start with --new-database to begin a new, "
+        f"empty one)")
     assert "Traceback" not in stderr
     assert not path.exists()  # nothing was written to a new file behind the operator's back
 

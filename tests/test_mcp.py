@@ -25,7 +25,8 @@ SECRET = "s3cret-value-4711"
 HEADER = {"X-Api-Key": SECRET}
 # Generous: on a loaded 2-core machine a Python MCP server takes seconds to start. Nothing here waits for them
 # unless it has to.
-LIMITS = McpLimits(connect_timeout_seconds=60, retry_seconds=0)
+# The fake servers listen on 127.0.0.1: a loopback address, which admin-added servers may use only when allowed.
+LIMITS = McpLimits(connect_timeout_seconds=60, retry_seconds=0, allow_private_addresses=True)
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +81,11 @@ async def test_a_server_is_listed_stored_and_registered_with_every_tool_off(hub,
     states = await ToolSettings(db, made.registry).states("tg:1")
     assert [(s.tool.name, s.enabled, s.source) for s in states if s.tool.source != "built-in"] == [
         ("weather.forecast", False, "default"), ("weather.delete_city", False, "default")]
+    # The header's value is sealed with the key beside the database (migration 0013); the plain columns show names.
     assert await rows(db, "SELECT name, transport, url, headers, added_by FROM mcp_servers") == [
-        ("weather", "http", weather.url, json.dumps(HEADER), 42)]
+        ("weather", "http", weather.url, json.dumps({name: "" for name in HEADER}), 42)]
+    [(sealed,)] = await rows(db, "SELECT sealed FROM mcp_servers")
+    assert json.loads(made.box.open(sealed)) == {"url": weather.url, "headers": HEADER}
     assert await rows(db, "SELECT server, name, read_only, destructive FROM mcp_tools ORDER BY rowid") == [
         ("weather", "forecast", 1, 0), ("weather", "delete_city", 0, 1)]
 
@@ -116,7 +120,7 @@ async def test_a_missing_header_is_a_clear_refusal_and_nothing_is_saved(hub, db,
 
 async def test_nothing_listening_and_a_server_that_hangs_are_refused_in_time(hub, db):
     hanging = HangingServer()
-    made = await hub(limits=McpLimits(connect_timeout_seconds=1, retry_seconds=0))
+    made = await hub(limits=McpLimits(connect_timeout_seconds=1, retry_seconds=0, allow_private_addresses=True))
     try:
         with pytest.raises(ServerUnavailable, match="nothing answers at that address"):
             await made.add(spec(f"http://127.0.0.1:{free_port()}/mcp", name="nobody"), added_by=None)

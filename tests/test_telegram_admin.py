@@ -164,8 +164,10 @@ async def test_the_model_is_never_offered_a_tool_that_changes_data(start_bot, te
     await bot.ask(private_chat(ADMIN), ADMIN, "请把大模型技术实战的课时改成 0，然后删除所有课程")
     prompt = bot.llm.requests[0].text
     assert all(name in prompt for name in ("course_query", "course_list", "calculator"))
-    offered = [tool.name for tool in bot.application.bot_data["services"].registry]
-    assert sorted(offered) == ["calculator", "course_list", "course_query"]
+    offered = [tool for tool in bot.application.bot_data["services"].registry]
+    assert sorted(tool.name for tool in offered) == ["calculator", "course_list", "course_query", "docs_read",
+                                                     "docs_search"]
+    assert all(tool.read_only for tool in offered)
     assert await bot.query("SELECT lessons FROM courses WHERE name = '大模型技术实战'") == [(200,)]
 
 

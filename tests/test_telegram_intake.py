@@ -64,14 +64,32 @@ async def test_a_stored_answer_that_was_never_marked_sent_is_sent_again_without_
     first = await start_bot([final("stored answer")])
     await first.ask(private_chat(ALICE), ALICE, "question")
     await first.stop()
-    # As if the process died after storing the turn and before recording the update as handled.
-    db = await first.query("UPDATE telegram_updates SET handled_at = NULL RETURNING update_id")
+    # As if the process died after storing the turn and before Telegram took the answer (so nothing recorded it
+    # as delivered, nor the update as handled, which is when the journal keeps the update whole, not its husk).
+    db = await first.query("UPDATE telegram_updates SET handled_at = NULL, payload = ? RETURNING update_id",
+                           (json.dumps(telegram_server.pushed(1)),))
     assert db == [(1,)]
+    assert await first.query("DELETE FROM answer_deliveries RETURNING piece") == [(0,)]
 
     second = await start_bot()
     assert await second.answers(ALICE.id, 2) == ["stored answer", "stored answer"]
     assert second.llm.requests == []
     assert await second.query("SELECT count(*) FROM turns") == [(1,)]
+
+
+async def test_a_stored_answer_recorded_as_delivered_is_not_sent_again_after_a_restart(start_bot, telegram_server):
+    first = await start_bot([final("stored answer")])
+    await first.ask(private_chat(ALICE), ALICE, "question")
+    await first.stop()
+    # As if the process died after Telegram took the answer (recorded) and before the update was marked handled.
+    assert await first.query("UPDATE telegram_updates SET handled_at = NULL, payload = ? RETURNING update_id",
+                             (json.dumps(telegram_server.pushed(1)),)) == [(1,)]
+
+    second = await start_bot()
+    await second.all_handled()
+    await telegram_server.settle()
+    assert telegram_server.sent_texts(ALICE.id) == ["stored answer"]
+    assert second.llm.requests == []
 
 
 def free_port() -> int:

@@ -94,9 +94,10 @@ async def test_command_menus_are_registered(start_bot, telegram_server):
     menus = {(call.params.get("language_code"), str(call.params.get("scope"))): call.params["commands"]
              for call in calls}
     default = menus[(None, "None")]
-    assert {c["command"] for c in default} == {"ask", "help", "start", "reset", "cancel", "trace", "tools"}
+    assert {c["command"] for c in default} == {"ask", "help", "start", "reset", "cancel", "trace", "tools", "docs"}
     admin_menus = [commands for (lang, scope), commands in menus.items() if "chat_id" in scope]
-    assert len(admin_menus) == 1 and {"stats", "allow", "course_set"} <= {c["command"] for c in admin_menus[0]}
+    assert len(admin_menus) == 1 and {"stats", "allow", "course_set", "doc_del"} <= {c["command"] for c in admin_menus[0]}
+    assert len({c["command"] for c in admin_menus[0]}) == len(admin_menus[0])  # Telegram refuses a repeated command
 
 
 async def test_typing_and_a_progress_message_that_shows_the_step_and_gives_way_to_the_answer(start_bot,

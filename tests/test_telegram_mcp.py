@@ -64,7 +64,8 @@ def everything_said(bot: RunningBot) -> str:
 async def test_an_admin_connects_a_server_enables_the_read_only_tool_and_a_turn_answers_from_it(
         start_bot, telegram_server, weather, caplog):
     watch_the_log(caplog)
-    bot = await start_bot([act("weather.forecast", city="Paris"), final("Paris: 21°C and sunny today.")])
+    bot = await start_bot([act("weather.forecast", city="Paris"), final("Paris: 21°C and sunny today.")],
+                          mcp_allow_private_addresses=True)
 
     added = await add_weather(bot, weather.url)
     assert added.startswith(f"✅ Added weather (streamable HTTP {weather.url}, headers X-Api-Key (values hidden))")
@@ -109,7 +110,8 @@ async def test_an_admin_connects_a_server_enables_the_read_only_tool_and_a_turn_
 
 async def test_a_destructive_tool_needs_the_flag_and_every_call_is_audited_with_its_arguments(
         start_bot, telegram_server, weather):
-    bot = await start_bot([act("weather.delete_city", city="Lima"), final("Lima is gone.")])
+    bot = await start_bot([act("weather.delete_city", city="Lima"), final("Lima is gone.")],
+                          mcp_allow_private_addresses=True)
     await add_weather(bot, weather.url)
     assert await bot.ask(CHAT, ADMIN, "/tool_on weather.delete_city destructive") == \
         "✅ weather.delete_city is on in this chat."
@@ -125,7 +127,7 @@ async def test_a_destructive_tool_needs_the_flag_and_every_call_is_audited_with_
 async def test_a_wrong_header_is_refused_clearly_and_its_value_is_never_repeated(start_bot, telegram_server,
                                                                                   weather, caplog):
     watch_the_log(caplog)
-    bot = await start_bot()
+    bot = await start_bot(mcp_allow_private_addresses=True)
     wrong = "wrong-header-value-5150"
     reply = await add_weather(bot, weather.url, header=f"X-Api-Key={wrong}")
     assert reply == ("❌ Could not add weather: MCP server weather is unreachable: the server answered HTTP 401: "
@@ -141,7 +143,7 @@ async def test_a_tool_error_a_hang_and_a_huge_result_are_observations_and_the_tu
     bot = await start_bot([act("weather.forecast", city="Atlantis"), final("Atlantis has no weather."),
                            act("weather.forecast", city="Slowtown"), final("The desk is too slow today."),
                            act("weather.forecast", city="Longville"), final("A long report.")],
-                          tool_timeout_seconds=1, observation_max_chars=300)
+                          tool_timeout_seconds=1, observation_max_chars=300, mcp_allow_private_addresses=True)
     await add_weather(bot, weather.url)
     await bot.ask(CHAT, ADMIN, "/tool_on weather.forecast")
 
@@ -164,7 +166,8 @@ async def test_a_changed_schema_then_a_server_stopped_mid_turn(start_bot, telegr
     bot = await start_bot([act("weather.forecast", city="Paris"),
                            act("weather.forecast", city="Paris", country="France"), final("Sunny, 21°C."),
                            act("weather.forecast", city="Slowtown", country="Nowhere"), final("The desk went away."),
-                           act("weather.forecast", city="Oslo", country="Norway"), final("Still down.")])
+                           act("weather.forecast", city="Oslo", country="Norway"), final("Still down.")],
+                          mcp_allow_private_addresses=True)
     try:
         await add_weather(bot, server.url, header="")
         await bot.ask(CHAT, ADMIN, "/tool_on weather.forecast")
@@ -208,7 +211,7 @@ async def test_start_up_never_waits_for_servers_and_stdio_ones_come_from_the_con
         "gone": {"url": f"http://127.0.0.1:{free_port()}/mcp"}}}))
     try:
         bot = await start_bot([final("hello"), act("desk.forecast", city="Oslo"), final("Snow in Oslo.")],
-                              mcp_config_path=str(config), mcp_connect_timeout_seconds=600)
+                              mcp_config_path=str(config), mcp_connect_timeout_seconds=600)  # the file's: not checked
         assert await bot.ask(CHAT, ADMIN, "hi") == "hello"  # answered while the servers are still connecting
         hub = bot.application.bot_data["services"].mcp
         assert hub.connections["hangs"].state == "connecting"  # nobody waited for it
@@ -232,7 +235,7 @@ async def test_start_up_never_waits_for_servers_and_stdio_ones_come_from_the_con
 # --- admin mistakes ----------------------------------------------------------------------------------------------
 
 async def test_admin_mistakes_get_clear_messages_and_change_nothing(start_bot, telegram_server):
-    bot = await start_bot()
+    bot = await start_bot(mcp_allow_private_addresses=True)
     nobody = f"http://127.0.0.1:{free_port()}/mcp"
     cases = [
         ("/mcp_list", "No MCP servers yet."),

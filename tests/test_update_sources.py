@@ -96,9 +96,12 @@ async def test_a_turn_stored_before_the_upgrade_is_not_asked_again(telegram_serv
     assert await first.ask(CHAT, ALICE, "question") == "stored before the upgrade"
     await first.stop()
     with closing(sqlite3.connect(tmp_path / "bot.sqlite3")) as conn, conn:
-        # What 0009 makes of a turn stored, and its update not yet marked handled, by the previous version.
-        conn.execute("UPDATE telegram_updates SET source = '', handled_at = NULL")
+        # What 0009 makes of a turn stored, and its update not yet marked handled (so still whole in the
+        # journal, not the husk a handled update leaves), by the previous version.
+        conn.execute("UPDATE telegram_updates SET source = '', handled_at = NULL, payload = ?",
+                     (json.dumps(telegram_server.pushed(1)),))
         conn.execute("UPDATE turns SET source_key = 'tg:update:1'")
+        conn.execute("DELETE FROM answer_deliveries")  # that version recorded no deliveries (0014)
 
     second = await running_bot(telegram_server, tmp_path)
     try:

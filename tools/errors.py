@@ -4,11 +4,14 @@
     ├── UnknownTool         no registered tool has that name (also a KeyError, for lookups)
     ├── CalculationError    not plain arithmetic, or too big to compute
     ├── CourseError         an invalid course change (empty name, negative lessons, unknown course)
+    ├── DocumentError       a document that cannot be added (type, size, no text, a zip bomb, the budget), or an
+    │                       unknown document id
     └── McpToolError        an MCP server's tool answered with an error, or changed its parameters
         └── ServerUnavailable   the MCP server cannot be reached, hung up, or is waiting to be retried
 
     ConfirmationNeeded      enabling a tool that may change data needs the admin's explicit flag (not a tool failure)
     McpConfigError          MCP_CONFIG_PATH or an admin's server definition cannot be used (not a tool failure)
+    └── PrivateAddress      an admin-added server's host resolves to a loopback, private or link-local address
 
 The registry turns a `ToolError` into an observation the model can act on (error kind: the class's `kind`,
 `tool_error` unless it says otherwise); any other exception from a tool is logged as a bug and reported to the
@@ -41,6 +44,10 @@ class CourseError(ToolError):
     """A course change the database refuses."""
 
 
+class DocumentError(ToolError):
+    """A document the library refuses, or one it does not have; the message is one line saying why."""
+
+
 class McpToolError(ToolError):
     """An MCP tool answered with an error (`isError`), or its server refused the call."""
 
@@ -61,3 +68,7 @@ class ConfirmationNeeded(BotError, PermissionError):
 
 class McpConfigError(BotError, ValueError):
     """An MCP server definition (the config file, or /mcp_add's arguments) cannot be used; the message says why."""
+
+
+class PrivateAddress(McpConfigError):
+    """An admin-added MCP server resolves to an address that is not public (tools/mcp_addresses.py)."""

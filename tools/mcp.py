@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from jsonschema.exceptions import SchemaError
 
 from db import Database
+from db.secret_box import SecretBox, key_file_beside
 from tools.errors import McpConfigError, McpToolError, ServerUnavailable
 from tools.mcp_store import (FROM_CONFIG, ServerSpec, ToolInfo, cached_tools, delete_server, forget_listings,
                              save_listing, save_server, stored_server, stored_servers)
@@ -48,6 +49,8 @@ class McpLimits:
     retry_seconds: float = 30.0
     max_tools_per_server: int = 50
     description_max_chars: int = 1000
+    # Admin-added servers may be on loopback, private and link-local addresses (tools/mcp_addresses.py).
+    allow_private_addresses: bool = False
 
 
 @dataclass
@@ -61,6 +64,9 @@ class Listing:
     removed: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # parameters, description or access changed
     reset: list[str] = field(default_factory=list)  # enabled once, now changing data: turned off everywhere
+    left_out: int = 0  # usable tools past `limit` (MCP_MAX_TOOLS_PER_SERVER), not taken
+    more_unread: bool = False  # the server had further pages of tools, not read
+    limit: int = McpLimits.max_tools_per_server
 
 
 # --- from the server's listing to registry tools ---------------------------------------------------------------
@@ -84,6 +90,19 @@ def registry_tool(server: str, info: ToolInfo, call: Any) -> Tool:
         parameters={"type": "object", "properties": {}, **info.input_schema},
         function=partial(call, server, info.name), progress=f"🔌 {server}: {info.title or info.name}",
         enabled_by_default=False, source=f"mcp:{server}", read_only=info.read_only, destructive=info.destructive)
+
+
+def first_of_each_name(infos: list[ToolInfo]) -> tuple[list[ToolInfo], list[str]]:
+    """(each name's first tool, "name: why" for each later one): a listing naming a tool twice is the server's
+    mistake, and the bot can offer one tool per name."""
+    kept: dict[str, ToolInfo] = {}
+    skipped = []
+    for info in infos:
+        if info.name in kept:
+            skipped.append(f"{info.name[:64]}: listed twice by the server; the first one is kept")
+        else:
+            kept[info.name] = info
+    return list(kept.values()), skipped
 
 
 def usable_tools(server: str, infos: list[ToolInfo], call: Any) -> tuple[list[Tool], list[str]]:
@@ -133,9 +152,11 @@ class McpHub:
     """The MCP servers the bot knows (config file and database), their connections, and their tools."""
 
     def __init__(self, db: Database, registry: ToolRegistry, *, config: list[ServerSpec] = (),
-                 limits: McpLimits = McpLimits()):
+                 limits: McpLimits = McpLimits(), box: SecretBox | None = None):
         self.db = db
         self.registry = registry
+        # Seals the secrets of admin-added servers in the database; by default its key sits beside the database.
+        self.box = box or SecretBox.at(key_file_beside(db.path))
         self.config = list(config)
         self.limits = limits
         self.connections: dict[str, "McpConnection"] = {}
@@ -145,7 +166,7 @@ class McpHub:
 
     async def start(self, connect: bool = True) -> None:
         """Register every server's cached tools now; list each server afresh in the background (if `connect`)."""
-        specs = {spec.name: spec for spec in await stored_servers(self.db)}
+        specs = {spec.name: spec for spec in await stored_servers(self.db, self.box)}
         for spec in self.config:  # the file at the server wins over the database
             if spec.name in specs:
                 log.warning("MCP server %s is in the config file and in the database: the config file's is used",
@@ -171,20 +192,20 @@ class McpHub:
         return list(self.connections.values())
 
     def secrets(self) -> list[str]:
-        """Every header and environment value of the known servers: for the log filter, never for display."""
-        return [value for connection in self.connections.values()
-                for value in (*connection.spec.headers.values(), *connection.spec.env.values())]
+        """Every secret of the known servers (header and environment values, URL credentials): for the redactor
+        (core/secrets.py), never for display."""
+        return [value for connection in self.connections.values() for value in connection.spec.secrets]
 
     # --- admin actions ---------------------------------------------------------------------------------------
 
     async def add(self, spec: ServerSpec, added_by: int | None) -> Listing:
         """Connect to a new server and list its tools; store and register them only when that worked."""
-        if spec.name in self.connections or await stored_server(self.db, spec.name):
+        if spec.name in self.connections or await stored_server(self.db, spec.name, self.box):
             raise McpConfigError(f"a server named {spec.name} exists already")
         connection = self._connection(spec)
         try:
             infos, listing = await self._list(connection, None)
-            await save_server(self.db, spec, infos, added_by)
+            await save_server(self.db, spec, infos, added_by, self.box)
         except BaseException:
             await connection.close()
             raise
@@ -277,13 +298,17 @@ class McpHub:
 
     async def _list(self, connection: "McpConnection",
                     before: list[ToolInfo] | None) -> tuple[list[ToolInfo], Listing]:
-        """The usable tools a server lists now, and what changed since `before` (None: a first listing)."""
-        tools = await connection.list_tools(self.limits.max_tools_per_server)
-        infos = [tool_info(t, self.limits.description_max_chars) for t in tools]
-        usable, skipped = usable_tools(connection.spec.name, infos, self.call)
-        kept = [info for info in infos if f"{connection.spec.name}.{info.name}" in {t.name for t in usable}]
-        listing = Listing(connection.spec.name, kept, skipped, *changes(before or kept, kept))
-        return kept, listing
+        """The usable tools a server lists now (the first MCP_MAX_TOOLS_PER_SERVER of them), and what changed since
+        `before` (None: a first listing)."""
+        name, limit = connection.spec.name, self.limits.max_tools_per_server
+        tools, more_unread = await connection.list_tools(limit)
+        infos, twice = first_of_each_name([tool_info(t, self.limits.description_max_chars) for t in tools])
+        usable, unusable = usable_tools(name, infos, self.call)
+        offered = {tool.name for tool in usable}
+        kept = [info for info in infos if f"{name}.{info.name}" in offered]
+        listing = Listing(name, kept[:limit], twice + unusable, *changes(before or kept[:limit], kept[:limit]),
+                          left_out=max(0, len(kept) - limit), more_unread=more_unread, limit=limit)
+        return kept[:limit], listing
 
     def _install(self, spec: ServerSpec, infos: list[ToolInfo]) -> None:
         self.connections[spec.name] = self._connection(spec)
@@ -297,11 +322,12 @@ class McpHub:
         from tools.mcp_client import McpConnection  # here: the SDK loads with the first server
 
         return McpConnection(spec, connect_timeout=self.limits.connect_timeout_seconds,
-                             retry_seconds=self.limits.retry_seconds)
+                             retry_seconds=self.limits.retry_seconds,
+                             allow_private=self.limits.allow_private_addresses)
 
     async def _known(self, name: str) -> "McpConnection":
         """The connection of `name`, loading an admin-added server the hub has not seen yet; KeyError if none."""
-        stored = await stored_server(self.db, name)
+        stored = await stored_server(self.db, name, self.box)
         connection = self.connections.get(name)
         if connection is None and stored is not None:
             self._install(stored, [])
@@ -327,4 +353,14 @@ def _change_note(listing: Listing) -> str:
     parts = [f"{what}: {', '.join(names)}" for what, names in (
         ("added", listing.added), ("removed", listing.removed), ("changed", listing.changed),
         ("turned off, now changing data", listing.reset), ("skipped", listing.skipped)) if names]
+    if listing.left_out or listing.more_unread:
+        parts.append(left_out_text(listing))
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def left_out_text(listing: Listing) -> str:
+    """How many listed tools were not taken, and why, in one line."""
+    count = f"{listing.left_out}{' or more' if listing.more_unread else ''}"
+    noun = "tool" if count == "1" else "tools"
+    return (f"{count} more {noun} left out: at most {listing.limit} are taken from one server "
+            "(MCP_MAX_TOOLS_PER_SERVER)")

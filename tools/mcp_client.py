@@ -23,8 +23,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from tools.errors import McpToolError, ServerUnavailable
-from tools.mcp_store import ServerSpec
+from core.secrets import redact
+from tools.errors import McpToolError, PrivateAddress, ServerUnavailable
+from tools.mcp_addresses import check_public_url
+from tools.mcp_store import FROM_CONFIG, ServerSpec
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +39,14 @@ HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 class McpConnection:
     """A client session with one server, opened on first use and reopened after it fails."""
 
-    def __init__(self, spec: ServerSpec, *, connect_timeout: float, retry_seconds: float):
+    def __init__(self, spec: ServerSpec, *, connect_timeout: float, retry_seconds: float,
+                 allow_private: bool = False):
         self.spec = spec
         self.connect_timeout = connect_timeout
         self.retry_seconds = retry_seconds
+        # Admin-added servers must be on public addresses unless allowed (tools/mcp_addresses.py); the config
+        # file's are the host owner's own.
+        self.check_address = not allow_private and spec.transport != "stdio" and spec.origin != FROM_CONFIG
         self.last_error: str | None = None
         self._client: Client | None = None
         self._holder: asyncio.Task | None = None
@@ -65,21 +71,23 @@ class McpConnection:
         except BaseException as error:
             raise await self._failure(client, error, "the call") from None
 
-    async def list_tools(self, limit: int) -> list[mcp_types.Tool]:
-        """The server's tools, page by page up to `limit` of them, within the connect time limit."""
+    async def list_tools(self, limit: int) -> tuple[list[mcp_types.Tool], bool]:
+        """The server's tools, page by page, within the connect time limit, until more than `limit` differently
+        named ones are known; and whether pages were left unread."""
         client = await self.client()
         tools: list[mcp_types.Tool] = []
+        cursor = None
         try:
             async with asyncio.timeout(self.connect_timeout):
-                cursor = None
-                while len(tools) < limit:
+                while True:
                     page = await client.list_tools(cursor=cursor, cache_mode="refresh")
                     tools += page.tools
-                    if not (cursor := page.next_cursor):
+                    cursor = page.next_cursor
+                    if not cursor or len({tool.name for tool in tools}) > limit:
                         break
         except BaseException as error:
             raise await self._failure(client, error, "listing its tools") from None
-        return tools[:limit]
+        return tools, bool(cursor)
 
     async def client(self) -> Client:
         """The open client, connecting first when there is none (one attempt at a time)."""
@@ -114,6 +122,12 @@ class McpConnection:
                                     f"the next try is in {left:.0f} s")
 
     async def _connect(self) -> Client:
+        if self.check_address:
+            try:
+                await check_public_url(self.spec.url)
+            except PrivateAddress as refused:
+                self.last_error, self._failed_at = str(refused), asyncio.get_running_loop().time()
+                raise ServerUnavailable(f"MCP server {self.spec.name} is not contacted: {refused}") from None
         ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._release = asyncio.Event()
         self._http_status = None
@@ -159,9 +173,9 @@ class McpConnection:
             return ServerUnavailable(f"MCP server {self.spec.name} did not finish {doing} within "
                                      f"{self.connect_timeout:g} s")
         if isinstance(error, MCPError) and error.code != mcp_types.CONNECTION_CLOSED and not _session_lost(error):
-            return McpToolError(f"MCP server {self.spec.name} refused {doing}: {self.scrub(error.message)}")
+            return McpToolError(f"MCP server {self.spec.name} refused {doing}: {self.scrub(error.message[:300])}")
         if isinstance(error, ValidationError):
-            return McpToolError(f"MCP server {self.spec.name} answered {doing} with something that is not MCP")
+            return McpToolError(f"MCP server {self.spec.name} answered {doing} with {NOT_MCP}")
         if not isinstance(error, (MCPError, *TRANSPORT_ERRORS, BaseExceptionGroup)):
             raise error  # a bug of ours or the SDK's: the registry logs it
         if self._client is client:
@@ -199,7 +213,9 @@ class McpConnection:
     # --- words for people --------------------------------------------------------------------------------------
 
     def describe(self, error: BaseException) -> str:
-        """A failure in one short line, without tracebacks and without the spec's secrets."""
+        """A failure in one short line, without tracebacks, without the spec's secrets, and without quoting what the
+        other end answered: whatever sits at an admin's URL (the Bot API with the token in its path, a model
+        server, an internal service) must not have its answer repeated into the chat."""
         leaf = _leaf(error)
         if self._http_status in (401, 403):
             text = f"the server answered HTTP {self._http_status}: check the headers"
@@ -212,20 +228,38 @@ class McpConnection:
         elif isinstance(leaf, FileNotFoundError):
             text = f"cannot start {self.spec.command!r}: no such command"
         elif isinstance(leaf, MCPError):
-            text = leaf.message
-        else:
+            text = _mcp_error_text(leaf)
+        elif isinstance(leaf, (ValidationError, ValueError)):
+            text = NOT_MCP
+        elif isinstance(leaf, OSError):  # our own side's words (a refused connection, a closed pipe)
             text = f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__
+        else:
+            text = type(leaf).__name__
         return self.scrub(text)
 
     def scrub(self, text: str) -> str:
-        """`text` with every header and environment value of the spec replaced, should a server echo one."""
+        """`text` with every header and environment value of the spec replaced, should a server echo one, and every
+        other secret the process knows (core/secrets.py)."""
         for secret in [*self.spec.headers.values(), *self.spec.env.values()]:
             if len(secret) >= 4:
                 text = text.replace(secret, "***")
-        return text
+        return redact(text)
 
 
 CLIENT_INFO = mcp_types.Implementation(name="qwen-react-bot", version="0.1.0")
+NOT_MCP = "something that is not MCP (is the URL an MCP endpoint?)"
+# Errors the SDK raises itself, in its own words (no text of the other end in them).
+_SDK_MESSAGES = ("Session terminated", "Connection closed")
+
+
+def _mcp_error_text(error: MCPError) -> str:
+    """An MCP error during connecting: the SDK's own words, or the error code only (the message of a server, or
+    the SDK quoting a body it could not parse, is the other end's text)."""
+    if error.message in _SDK_MESSAGES:
+        return error.message
+    if error.code == mcp_types.PARSE_ERROR or error.message.startswith("Failed to parse"):
+        return NOT_MCP
+    return f"it refused the MCP handshake (error {error.code})"
 
 
 def _session_lost(error: MCPError) -> bool:

@@ -6,7 +6,8 @@
     mcp_tools         each server's last tool listing, so its tools are known before (or without) connecting.
 
 Header values are secrets: `ServerSpec` keeps them out of its repr, and `where` (what admins are shown) names the
-headers without their values and the URL without credentials or query values.
+headers without their values and the URL without credentials or query values. In the database they are sealed
+(db/secret_box.py, with a key outside it): the plain columns hold only what `where` shows (migration 0013).
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from core.secrets import url_secrets
 from db import Database
+from db.secret_box import SecretBox
 from tools.errors import McpConfigError
 
 SERVER_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 # Header names are RFC 9110 tokens; values must not hold line breaks (header injection).
 HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+# Environment variables whose values are secrets, by name (as log scrubbers such as Sentry's go by key names).
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|AUTH|CRED|PRIVATE|SESSION|COOKIE|SIGNATURE", re.IGNORECASE)
 URL_TRANSPORTS = ("http", "sse")
 TRANSPORT_LABELS = {"http": "streamable HTTP", "sse": "SSE", "stdio": "stdio"}
 FROM_CONFIG, FROM_DATABASE = "config file", "database"
@@ -47,6 +52,15 @@ class ServerSpec:
     def source(self) -> str:
         """The `Tool.source` of this server's tools."""
         return f"mcp:{self.name}"
+
+    @property
+    def secrets(self) -> list[str]:
+        """Every value of this spec that is a secret: header values, the URL's credentials, and environment values
+        named like a secret (or holding a URL with credentials). Other environment values are not: a stdio server's
+        PYTHONPATH or LOG_LEVEL, redacted everywhere, would blank out every path and word they share."""
+        env = [value for name, value in self.env.items() if SECRET_NAME.search(name)]
+        return [*self.headers.values(), *env, *url_secrets(self.url),
+                *(secret for value in self.env.values() for secret in url_secrets(value) if "://" in value)]
 
     @property
     def where(self) -> str:
@@ -180,24 +194,60 @@ def _strings(value: Any, what: str) -> dict[str, str]:
 
 # --- the database --------------------------------------------------------------------------------------------
 
-async def stored_servers(db: Database) -> list[ServerSpec]:
-    """The servers admins added, oldest first."""
-    rows = await db.fetchall("SELECT name, transport, url, headers FROM mcp_servers ORDER BY added_at, name")
-    return [ServerSpec(name, transport, url, json.loads(headers)) for name, transport, url, headers in rows]
+_SERVER_COLUMNS = "name, transport, url, headers, sealed"
 
 
-async def stored_server(db: Database, name: str) -> ServerSpec | None:
+async def stored_servers(db: Database, box: SecretBox) -> list[ServerSpec]:
+    """The servers admins added, oldest first, their secrets opened with `box`."""
+    rows = await db.fetchall(f"SELECT {_SERVER_COLUMNS} FROM mcp_servers ORDER BY added_at, name")
+    return [_stored_spec(row, box) for row in rows]
+
+
+async def stored_server(db: Database, name: str, box: SecretBox) -> ServerSpec | None:
     """The admin-added server called `name`, or None."""
-    row = await db.fetchone("SELECT name, transport, url, headers FROM mcp_servers WHERE name = ?", (name,))
-    return None if row is None else ServerSpec(row[0], row[1], row[2], json.loads(row[3]))
+    row = await db.fetchone(f"SELECT {_SERVER_COLUMNS} FROM mcp_servers WHERE name = ?", (name,))
+    return None if row is None else _stored_spec(row, box)
 
 
-async def save_server(db: Database, spec: ServerSpec, tools: list[ToolInfo], added_by: int | None) -> None:
-    """Store a new server and its first listing together."""
+def _stored_spec(row: Any, box: SecretBox) -> ServerSpec:
+    """A row as a spec: the sealed URL and headers when the row has them (plain ones from before migration 0013)."""
+    name, transport, url, headers, sealed = row
+    if sealed is None:
+        return ServerSpec(name, transport, url, json.loads(headers))
+    secret = json.loads(box.open(sealed))
+    return ServerSpec(name, transport, secret["url"], secret["headers"])
+
+
+def _stored_columns(spec: ServerSpec, box: SecretBox) -> tuple[str, str, str]:
+    """(url, headers, sealed) as stored: only what may be shown in the plain columns, the secrets sealed."""
+    sealed = box.seal(json.dumps({"url": spec.url, "headers": dict(spec.headers)}, ensure_ascii=False))
+    return public_url(spec.url), json.dumps({name: "" for name in spec.headers}), sealed
+
+
+async def save_server(db: Database, spec: ServerSpec, tools: list[ToolInfo], added_by: int | None,
+                      box: SecretBox) -> None:
+    """Store a new server (its secrets sealed with `box`) and its first listing together."""
     async with db.transaction() as conn:
-        await conn.execute("INSERT INTO mcp_servers (name, transport, url, headers, added_by) VALUES (?, ?, ?, ?, ?)",
-                           (spec.name, spec.transport, spec.url, json.dumps(dict(spec.headers)), added_by))
+        await conn.execute("INSERT INTO mcp_servers (name, transport, url, headers, sealed, added_by) "
+                           "VALUES (?, ?, ?, ?, ?, ?)", (spec.name, spec.transport, *_stored_columns(spec, box),
+                                                         added_by))
         await _replace_tools(conn, spec.name, tools)
+
+
+async def seal_plain_servers(db: Database, box: SecretBox) -> int:
+    """Seal the secrets of servers stored before migration 0013, in place; how many rows. The plain values are
+    overwritten with zeros in the file (the connection's secure_delete) and the write-ahead log is emptied, so no
+    copy of them stays behind."""
+    rows = await db.fetchall(f"SELECT {_SERVER_COLUMNS} FROM mcp_servers WHERE sealed IS NULL")
+    if not rows:
+        return 0
+    async with db.transaction() as conn:
+        for row in rows:
+            url, headers, sealed = _stored_columns(_stored_spec(row, box), box)
+            await conn.execute("UPDATE mcp_servers SET url = ?, headers = ?, sealed = ? WHERE name = ?",
+                               (url, headers, sealed, row[0]))
+    await db.checkpoint()
+    return len(rows)
 
 
 async def delete_server(db: Database, name: str) -> int:

@@ -3,10 +3,17 @@
 A tool is a plain `async def` returning text, plus its description and a JSON Schema for its arguments.
 `ToolRegistry.call` validates arguments with jsonschema and runs the tool under a time limit. Whatever goes
 wrong (unknown tool, bad arguments, an exception, a time-out) comes back as a `ToolResult` the model can read.
+Every secret the process knows is redacted from that text (core/secrets.py) before anyone reads it: a tool that
+echoes its request (an MCP server showing the headers it got) must not hand the model a token to repeat.
 
 A tool may narrow itself at the start of each turn (`Tool.narrow`): `course_query` offers the course names in the
 database as an enum, so a model decoding under the turn's grammar cannot invent a course. The narrowed schema is
 what the model is shown and held to; arguments are still validated against the declared one.
+
+A tool that answers per chat (`Tool.chat_scoped`: the documents tools, which show each chat only the documents it
+may see) gets the turn's chat key from the registry as the keyword `chat_key`, never from the model: the model's
+arguments are validated against the schema, which does not have it. Such a tool may also say whether it has
+anything to offer in a chat (`Tool.offered_in`); where it has nothing, it is left out of the turn.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from core.secrets import redact
 from tools.errors import ToolError
 
 log = logging.getLogger(__name__)
@@ -49,6 +57,10 @@ class Tool:
     subjects: tuple[str, ...] = ()
     # Called at the start of each turn with the tool itself: the tool as the model sees it in that turn.
     narrow: Callable[["Tool"], Awaitable["Tool"]] | None = None
+    # The registry passes the turn's chat key as `chat_key=` (None outside a chat): what the tool shows depends on it.
+    chat_scoped: bool = False
+    # Whether the tool has anything to offer in a chat (by chat key); an enabled tool that has not is left out.
+    offered_in: Callable[[str], Awaitable[bool]] | None = None
 
     @property
     def access(self) -> str:
@@ -57,6 +69,10 @@ class Tool:
 
     def __post_init__(self) -> None:
         Draft202012Validator.check_schema(self.parameters)
+
+    async def offered(self, chat_key: str) -> bool:
+        """Whether the tool has anything to offer in the chat `chat_key` (always, unless it says otherwise)."""
+        return await self.offered_in(chat_key) if self.offered_in is not None else True
 
     async def for_turn(self) -> "Tool":
         """The tool as the model sees it in a turn starting now (narrowed, if the tool narrows itself)."""
@@ -165,9 +181,10 @@ class ToolRegistry:
         return list(self.tools)
 
     async def call(self, name: str, arguments: Any, allowed: Iterable[str] | None = None, *,
-                   before_run: BeforeRun | None = None) -> ToolResult:
+                   before_run: BeforeRun | None = None, chat_key: str | None = None) -> ToolResult:
         """Run tool `name` with `arguments`; every failure comes back as a readable result, never raised.
-        `before_run` is awaited once the call is known to run (the tool exists, is allowed, arguments fit)."""
+        `before_run` is awaited once the call is known to run (the tool exists, is allowed, arguments fit);
+        `chat_key` (the turn's chat) goes to a chat-scoped tool."""
         started = time.perf_counter()
         allowed = None if allowed is None else list(allowed)  # a generator would be spent by the check
         tool = self.tools.get(name)
@@ -180,8 +197,9 @@ class ToolRegistry:
             return ToolResult(name, arguments, f"Error: invalid arguments for {name}: {problem}", "invalid_arguments")
         if before_run is not None:
             await before_run(tool, arguments)
-        output, error = await self._run(tool, arguments)
-        return ToolResult(name, arguments, output, error, int((time.perf_counter() - started) * 1000))
+        given = {**arguments, "chat_key": chat_key} if tool.chat_scoped else arguments
+        output, error = await self._run(tool, given)
+        return ToolResult(name, arguments, redact(output), error, int((time.perf_counter() - started) * 1000))
 
     async def _run(self, tool: Tool, arguments: dict[str, Any]) -> tuple[str, str | None]:
         try:

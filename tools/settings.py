@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from core.secrets import redact
 from db import Database
 from tools.errors import ConfirmationNeeded, UnknownTool
 from tools.registry import Tool, ToolRegistry
@@ -50,8 +51,10 @@ class ToolSettings:
         return ToolState(tool, tool.enabled_by_default, "default")
 
     async def enabled_tools(self, chat_key: str) -> list[Tool]:
-        """The tools the model may use in the chat `chat_key`."""
-        return [state.tool for state in await self.states(chat_key) if state.enabled]
+        """The tools the model may use in the chat `chat_key`: enabled there, and with something to offer there
+        (the documents tools, where the chat can see a document)."""
+        states = await self.states(chat_key)
+        return [state.tool for state in states if state.enabled and await state.tool.offered(chat_key)]
 
     async def set_enabled(self, tool_name: str, enabled: bool, scope: str = GLOBAL, *,
                           confirmed: bool = False) -> None:
@@ -72,7 +75,7 @@ class ToolSettings:
     async def audit_call(self, tool: Tool, arguments: Any, user_id: int | None, chat_id: int | None,
                          chat_key: str) -> None:
         """Record a call to a tool that may change data, with its arguments, before it runs."""
-        detail = f"{tool.name} {json.dumps(arguments, ensure_ascii=False, sort_keys=True)} in {chat_key}"
+        detail = redact(f"{tool.name} {json.dumps(arguments, ensure_ascii=False, sort_keys=True)} in {chat_key}")
         async with self.db.transaction() as conn:
             await conn.execute("INSERT INTO audit_log (user_id, chat_id, action, detail) VALUES (?, ?, ?, ?)",
                                (user_id, chat_id, "tool_call", detail))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import LLMError
-from agent.llm.base import LLM, Completion, ModelRequest
+from agent.llm.base import LLM, Completion, ModelActivity, ModelRequest
 from agent.llm.engine.admission import FirstComeAdmission
 from agent.llm.engine.jobs import Job
 from agent.llm.engine.loading import check_dtype_setting, load_model, resolve_model
@@ -53,8 +53,9 @@ class LocalLLM(LLM):
         thread = ModelThread(lambda: load_model(source, self.device_map, self.dtype, self.converted_dir,
                                                 self.cache_dir, self.native_tools),
                              admission=FirstComeAdmission(self.batch_size, self.batch_wait_ms / 1000),
-                             min_new_tokens=self.min_new_tokens, prefix_store_bytes=None if self.prefix_cache_mb is None else self.prefix_cache_mb << 20,
-                             speculative=self.speculative)
+                             min_new_tokens=self.min_new_tokens,
+                             prefix_store_bytes=None if self.prefix_cache_mb is None else self.prefix_cache_mb << 20,
+                             speculative=self.speculative, counters=self.counters)
         loaded = await thread.start()
         # A copy is a separate Rust object, so the loop and the model thread never share a tokenizer. Copying
         # here is safe: no job can reach the model thread before `self._thread` is set below.
@@ -77,10 +78,14 @@ class LocalLLM(LLM):
                   caller_cancel=request.cancel, on_text=request.on_text)
         self._thread.submit(job)
         try:
-            return await job.future
+            return self.counters.count(await job.future)
         except asyncio.CancelledError:
             job.own_cancel.cancel()  # the row stops at its next step; the other rows go on
             raise
+
+    def activity(self) -> ModelActivity | None:
+        """The model thread's state (alive, working, last step), once started."""
+        return self._thread.activity() if self._thread is not None else None
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` for this model, counted with the event loop's own tokenizer."""

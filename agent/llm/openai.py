@@ -11,7 +11,10 @@ connections, honouring the server's Retry-After.
 
 At start-up `GET /models` tells "not running" (connection refused, no such host) from "busy" (the connection opens
 but the answer does not come: llama.cpp's Python server answers it only between generations); a busy server is
-asked again, with growing patience, for up to `startup_seconds`.
+asked again, with growing patience, for up to `startup_seconds`. A server that refuses the connection fails the
+start at once, unless `server_wait_seconds` gives it time: vLLM and Ollama in a container beside the bot listen only
+once they are up (vLLM once its model is loaded, minutes), so the bot tries again every few seconds, saying so in
+the log, for that long. A host that does not exist fails at once either way.
 
 With `grammar` (OPENAI_GRAMMAR) each step's grammar goes with the request, in the field the server takes: vLLM's
 structured outputs, SGLang's `ebnf`, llama.cpp's `grammar` (the latter two in llguidance's Lark, which they accept
@@ -53,6 +56,7 @@ GRAMMAR_FIELDS: dict[str, Callable[[Grammar], dict[str, Any]]] = {
 # Statuses that mean "not this request", as a server answers a grammar it does not take.
 GRAMMAR_REFUSALS = (400, 422)
 POLL_SECONDS = 0.05  # how often a waiting call looks at its CancelToken
+SERVER_WAIT_PAUSE_SECONDS = 5.0  # between tries at a server that refuses connections while it starts
 FIRST_PROBE_SECONDS = 5.0  # the first start-up check's patience; each later one waits twice as long
 BUSY_PAUSE_SECONDS = 1.0  # after a "busy" status (503, 429), the first pause before asking again; it doubles
 MAX_MESSAGE_CHARS = 300  # a server's error text is cut to this, so our error stays one readable line
@@ -74,6 +78,7 @@ class OpenAILLM(LLM):
         api_key: str = "EMPTY",
         limits: StreamLimits = StreamLimits(),
         startup_seconds: float = 60.0,
+        server_wait_seconds: float = 0.0,
         max_retries: int = 3,
         count_tokens: TokenCounter = estimate_tokens,
         grammar: str = "off",
@@ -85,6 +90,7 @@ class OpenAILLM(LLM):
         self.model = model
         self.limits = limits
         self.startup_seconds = startup_seconds
+        self.server_wait_seconds = server_wait_seconds  # how long a server that refuses connections may take to start
         self._api_key = api_key or "EMPTY"  # local servers ignore the key, but the client insists on one
         self._count = count_tokens
         # No read time-out of the client's own: the first-token and silence limits are timed here, per chunk,
@@ -98,7 +104,23 @@ class OpenAILLM(LLM):
         return _without_credentials(self.base_url)
 
     async def start(self) -> None:
-        """Check the server answers `GET /models`, waiting for a busy one; a wrong address fails in one line."""
+        """Check the server answers `GET /models`, waiting for a busy one, and for one still starting (refusing
+        connections) up to `server_wait_seconds`; a wrong address fails in one line."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.server_wait_seconds
+        while True:
+            try:
+                return await self._wait_while_busy()
+            except _Refused as refused:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise refused.error from None
+                log.warning("the model server at %s refuses connections (still starting?); trying again in %g s, "
+                            "up to %.0f s more (OPENAI_SERVER_WAIT_SECONDS)", self.url,
+                            min(SERVER_WAIT_PAUSE_SECONDS, left), left)
+                await asyncio.sleep(min(SERVER_WAIT_PAUSE_SECONDS, left))
+
+    async def _wait_while_busy(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_seconds
         patience, pause = FIRST_PROBE_SECONDS, BUSY_PAUSE_SECONDS
@@ -126,8 +148,11 @@ class OpenAILLM(LLM):
                                f"{self.limits.connect_seconds:g} s (is the host up?)") from None
             return _Busy(f"no answer to GET /models within {patience:g} s", answered=False)
         except openai.APIConnectionError as error:
-            raise LLMError(f"cannot reach the model server at {self.url}: {self._reason(error)} "
-                           f"(is it running?)") from None
+            failure = LLMError(f"cannot reach the model server at {self.url}: {self._reason(error)} "
+                               f"(is it running?)")
+            if _refused(error):
+                raise _Refused(failure) from None
+            raise failure from None
         except openai.APIStatusError as error:
             return self._status_at_start(error)
         self._check_model_listed([model.id for model in page.data])
@@ -193,7 +218,7 @@ class OpenAILLM(LLM):
             self.grammar_style = "off"
             del body["extra_body"]
             reply = await self._read_stream(body, request.cancel, request.on_text)
-        return self._completion(reply, body["messages"], request.stop)
+        return self.counters.count(self._completion(reply, body["messages"], request.stop))
 
     async def _read_stream(self, request: dict[str, Any], cancel: CancelToken | None,
                            on_text: TextSink | None) -> StreamedReply:
@@ -378,3 +403,21 @@ def _without_credentials(url: str) -> str:
     if parts.username is None and parts.password is None:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+class _Refused(Exception):
+    """The server refused the connection: nothing listens there (yet)."""
+
+    def __init__(self, error: LLMError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether a connection error was the other end refusing (nothing listening), not a name or route failure."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

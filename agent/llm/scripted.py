@@ -97,7 +97,7 @@ class ScriptedLLM(LLM):
         completion = self._next_completion(recorded, request.messages, request.stop)
         if request.on_text is not None:
             await self._stream(completion.text, request.on_text, request.cancel)
-        return completion
+        return self.counters.count(completion)
 
     def _next_completion(self, request: Request, messages: Sequence[Message], stop: Sequence[str]) -> Completion:
         if not self.replies:

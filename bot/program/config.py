@@ -4,11 +4,13 @@
     settings.agent.max_steps                 MAX_STEPS
 
 `Settings` is one frozen object made of small frozen groups (telegram, webhook, access, storage, model, engine,
-openai, scripted, agent, tools, turns, streaming, mcp, logging, doctor), each the one place of its defaults. A
+openai, scripted, agent, tools, docs, turns, streaming, mcp, logging, metrics, doctor), each the one place of its
+defaults. A
 field is named as its variable in lower case, so the variables never changed with the grouping and a grep for
 either finds both. Where a component of `agent/` or `tools/` has a limits class (`AgentLimits`, `GrammarLimits`,
-`SpeculativeLimits`, `StreamLimits`, `McpLimits`) or a named default, the group takes its default from there, so each
-default is written once; bot/program/services.py builds those classes from the groups by keyword.
+`SpeculativeLimits`, `StreamLimits`, `McpLimits`, `DocsLimits`) or a named default, the group takes its default
+from there, so each default is written once; bot/program/services.py builds those classes from the groups by
+keyword.
 
 Each variable is mirrored, with its default and an explanation, in `.env.example`, in one section per group.
 Tests build settings with `Settings.of(max_steps=3, …)` (flat keywords, named as the fields), `settings.replaced(…)`,
@@ -31,8 +33,12 @@ from agent.llm.openai_stream import StreamLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
 from bot.program.env import ConfigError, not_negative, one_of, parse, positive, shown
+from bot.program.logs import LOG_FORMATS
 from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
+from core.secrets import url_secrets
+from db.secret_box import key_file_beside
 from db.connection import BUSY_TIMEOUT_SECONDS
+from tools.docs_store import MB, DocsLimits
 from tools.mcp import McpLimits
 from tools.registry import TOOL_TIMEOUT_SECONDS
 
@@ -55,8 +61,17 @@ class TelegramSettings:
 
     telegram_bot_token: str = ""
     telegram_base_url: str = "https://api.telegram.org/bot"
+    telegram_base_file_url: str = ""  # where files are downloaded from; empty: TELEGRAM_BASE_URL's …/bot as …/file/bot
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
+
+    def file_url(self) -> str:
+        """Where the bot downloads files (getFile's paths): TELEGRAM_BASE_FILE_URL, else TELEGRAM_BASE_URL with its
+        /bot ending as /file/bot, as the Bot API serves them (api.telegram.org/bot → api.telegram.org/file/bot)."""
+        if self.telegram_base_file_url:
+            return self.telegram_base_file_url
+        base = self.telegram_base_url.rstrip("/")
+        return base[:-len("/bot")] + "/file/bot" if base.endswith("/bot") else base + "/file/bot"
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,15 @@ class StorageSettings:
     database_busy_timeout_seconds: float = BUSY_TIMEOUT_SECONDS
     database_check_seconds: float = 2.0
     instance_lock_wait_seconds: float = 30.0
+    secrets_key_path: str = ""  # empty: secrets.key beside the database
+
+    @property
+    def secrets_key_file(self) -> Path:
+        """The key that seals the database's secrets (db/secret_box.py): SECRETS_KEY_PATH (inside DATA_DIR when
+        relative), or a file beside the database."""
+        if self.secrets_key_path:
+            return under(self.data_dir, Path(self.secrets_key_path))
+        return key_file_beside(self.database_path)
 
     def __post_init__(self) -> None:
         """Make DATA_DIR and the database path absolute, so neither depends on the folder `qwenbot` runs in."""
@@ -176,6 +200,7 @@ class OpenAISettings:
     openai_first_token_seconds: float = StreamLimits.first_token_seconds
     openai_silence_seconds: float = StreamLimits.silence_seconds
     openai_startup_seconds: float = 60.0
+    openai_server_wait_seconds: float = 0.0
     openai_max_retries: int = 3
     openai_grammar: str = "off"
 
@@ -184,7 +209,7 @@ class OpenAISettings:
         one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
         positive(self, ("openai_connect_timeout_seconds", "openai_first_token_seconds", "openai_silence_seconds",
                         "openai_startup_seconds"))
-        not_negative(self, ("openai_max_retries",))
+        not_negative(self, ("openai_max_retries", "openai_server_wait_seconds"))
 
 
 @dataclass(frozen=True)
@@ -237,6 +262,34 @@ class ToolsSettings:
 
 
 @dataclass(frozen=True)
+class DocsSettings:
+    """The team's documents (`docs_search`, `docs_read`): sizes and budget, chunks, results; defaults from
+    `DocsLimits` (tools/docs_store.py)."""
+
+    docs_max_file_mb: float = DocsLimits.max_file_bytes / MB
+    docs_max_total_mb: float = DocsLimits.max_total_bytes / MB
+    docs_chunk_chars: int = DocsLimits.chunk_chars
+    docs_search_results: int = DocsLimits.search_results
+    docs_max_unpacked_mb: float = DocsLimits.max_unpacked_bytes / MB
+    docs_max_zip_ratio: float = DocsLimits.max_zip_ratio
+
+    def validate(self) -> None:
+        """Refuse sizes and counts that are not positive, and chunks too small to hold a sentence."""
+        positive(self, ("docs_max_file_mb", "docs_max_total_mb", "docs_search_results", "docs_max_unpacked_mb",
+                        "docs_max_zip_ratio"))
+        if self.docs_chunk_chars < 100:
+            raise ConfigError(f"DOCS_CHUNK_CHARS must be at least 100, got {self.docs_chunk_chars}")
+
+    def limits(self) -> DocsLimits:
+        """The library's limits in bytes."""
+        return DocsLimits(max_file_bytes=int(self.docs_max_file_mb * MB),
+                          max_total_bytes=int(self.docs_max_total_mb * MB),
+                          chunk_chars=self.docs_chunk_chars, search_results=self.docs_search_results,
+                          max_unpacked_bytes=int(self.docs_max_unpacked_mb * MB),
+                          max_zip_ratio=self.docs_max_zip_ratio)
+
+
+@dataclass(frozen=True)
 class TurnsSettings:
     """A question's way through: how many may wait, how long it may be, how its answer is delivered, and how
     long running turns get at shutdown."""
@@ -245,12 +298,13 @@ class TurnsSettings:
     max_question_chars: int = 4096
     shutdown_grace_seconds: float = 10.0
     send_patience_seconds: float = 30.0
-    answer_resend_seconds: float = 60.0
+    answer_resend_seconds: float = 5.0
+    answer_save_wait_seconds: float = 120.0
 
     def validate(self) -> None:
         """Refuse limits and waits that are not positive."""
         positive(self, ("max_pending_questions", "max_question_chars", "send_patience_seconds",
-                        "answer_resend_seconds"))
+                        "answer_resend_seconds", "answer_save_wait_seconds"))
 
 
 @dataclass(frozen=True)
@@ -276,6 +330,7 @@ class McpSettings:
     mcp_retry_seconds: float = McpLimits.retry_seconds
     mcp_max_tools_per_server: int = McpLimits.max_tools_per_server
     mcp_description_max_chars: int = McpLimits.description_max_chars
+    mcp_allow_private_addresses: bool = McpLimits.allow_private_addresses
 
     def validate(self) -> None:
         """Refuse limits that are not positive, and a negative retry pause."""
@@ -285,13 +340,34 @@ class McpSettings:
 
 @dataclass(frozen=True)
 class LoggingSettings:
-    """How much the log says."""
+    """How much the log says, and in which form."""
 
     log_level: str = "INFO"
+    log_format: str = "text"
 
     def validate(self) -> None:
-        """logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here."""
+        """logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here; and a format
+        that is not text or json."""
         one_of("LOG_LEVEL", self.log_level.upper(), LOG_LEVELS)
+        one_of("LOG_FORMAT", self.log_format, LOG_FORMATS)
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The Prometheus and health endpoint (/metrics, /healthz; off unless METRICS_PORT is set), and what /healthz
+    calls unwell."""
+
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    health_model_stall_seconds: float = 300.0
+    health_telegram_seconds: float = 60.0
+    health_check_timeout_seconds: float = 5.0
+
+    def validate(self) -> None:
+        """Refuse a port that cannot be, and limits that are not positive."""
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"METRICS_PORT must be 0 (off) or a port up to 65535, got {self.metrics_port}")
+        positive(self, ("health_model_stall_seconds", "health_telegram_seconds", "health_check_timeout_seconds"))
 
 
 @dataclass(frozen=True)
@@ -321,10 +397,12 @@ class Settings:
     scripted: ScriptedSettings = field(default_factory=ScriptedSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     tools: ToolsSettings = field(default_factory=ToolsSettings)
+    docs: DocsSettings = field(default_factory=DocsSettings)
     turns: TurnsSettings = field(default_factory=TurnsSettings)
     streaming: StreamingSettings = field(default_factory=StreamingSettings)
     mcp: McpSettings = field(default_factory=McpSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     doctor: DoctorSettings = field(default_factory=DoctorSettings)
 
     def __post_init__(self) -> None:
@@ -390,6 +468,13 @@ class Settings:
             check = getattr(getattr(self, spec.name), "validate", None)
             if check is not None:
                 check()
+
+    def secrets(self) -> list[str]:
+        """Every secret the settings hold, for the redactor (core/secrets.py): the bot token, the webhook secret,
+        the OpenAI API key, and the credentials in the Bot API, webhook and OpenAI URLs."""
+        urls = (self.telegram.telegram_base_url, self.webhook.webhook_url, self.openai.openai_base_url)
+        return [self.telegram.telegram_bot_token, self.webhook.webhook_secret_token, self.openai.openai_api_key,
+                *(secret for url in urls for secret in url_secrets(url))]
 
     def require_telegram_token(self) -> None:
         """`qwenbot run` cannot start without a token; say so in one line."""

@@ -11,8 +11,11 @@ and tokenizer are), and the model server gets one request of one token.
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import shutil
 import sqlite3
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -25,8 +28,10 @@ from agent.llm.base import ModelRequest
 from bot.program.config import ConfigError, Settings
 from bot.program.logs import configure_logging
 from bot.program.paths import dotenv_file
+from core.secrets import redact
 from db.files import make_private_folders
 from db.instance_lock import lock_path, serving_pid
+from db.marker import marker_path
 from db.migrate import MIGRATIONS_FOLDER, discover
 from tools.calculator import CALCULATOR
 
@@ -102,6 +107,9 @@ def check_disk(settings: Settings) -> Check:
 def check_database(settings: Settings) -> Check:
     """The database exists, is the bot's, has every migration, and takes a write."""
     path = settings.storage.database_path
+    if not path.is_file() and marker_path(path).is_file():
+        return fail("database", f"{path} is missing, but {marker_path(path).name} shows one was created there",
+                    "put the file back or restore a backup; `qwenbot migrate --new-database` starts an empty one")
     if not path.is_file():
         return fail("database", f"no database at {path} yet", "run `qwenbot migrate` (scripts/run.sh does)")
     try:
@@ -154,15 +162,79 @@ def take_write_lock(path: Path) -> None:
 
 
 def database_error(path: Path, error: sqlite3.Error) -> Check:
-    """A failed database check, with the fix for what SQLite said."""
+    """A failed database check, with the fix for what SQLite said. A file that cannot be written, or sits in a folder
+    that cannot be, is said to be so: moving a good database away would only lose it."""
     text = str(error)
+    if (unwritable := why_unwritable(path)) is not None:
+        return fail("database", f"{path}: {text}: {unwritable.found}", unwritable.fix)
+    code = getattr(error, "sqlite_errorcode", 0) & 0xFF
     if "locked" in text or "busy" in text:
         fix = "another process holds the database's write lock: is another qwenbot running? stop it first"
-    elif "readonly" in text or "read-only" in text:
-        fix = "let this user write the database file and its folder (owner, permissions)"
-    else:
+    elif code == sqlite3.SQLITE_NOTADB:
         fix = "DATABASE_PATH must name the bot's SQLite file: move this file away and run `qwenbot migrate`"
+    elif code == sqlite3.SQLITE_CORRUPT:
+        fix = "the file is damaged: restore the last backup with `qwenbot restore PATH` (docs/operations.md)"
+    else:
+        fix = "see what SQLite said above; `qwenbot doctor` again once it is dealt with"
     return fail("database", f"{path}: {text}", fix)
+
+
+@dataclass(frozen=True)
+class Unwritable:
+    """Why a path cannot be written, and what to change."""
+
+    found: str
+    fix: str
+
+
+def why_unwritable(path: Path) -> Unwritable | None:
+    """Whether the database file or its folder refuses writes (SQLite creates `-wal` and `-shm` beside the file), and
+    why; None when both take a write. Tried for real, as root is not bound by permission bits."""
+    folder = path.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".doctor-"):
+            pass
+    except OSError as error:
+        return unwritable(folder, error, f"SQLite must create {path.name}-wal and {path.name}-shm in it")
+    try:
+        os.close(os.open(path, os.O_RDWR))
+    except OSError as error:
+        return unwritable(path, error, "the database file itself")
+    return None
+
+
+def unwritable(where: Path, error: OSError, role: str) -> Unwritable:
+    """What a refused write to `where` means, by its errno, and what to change (the database stays where it is)."""
+    if error.errno == errno.EROFS:
+        return Unwritable(f"{where} is on a read-only mount ({mount_point(where)}; {role})",
+                          "remount it read-write (a container: mount the data volume without :ro); the database "
+                          "itself needs no change")
+    if error.errno == errno.EACCES:
+        owner = owner_and_mode(where)
+        return Unwritable(f"this user (uid {os.geteuid()}) may not write {where} ({owner}; {role})",
+                          f"give this user write access to {where} (chown to the user the bot runs as, or chmod "
+                          f"u+w), or run the bot as its owner")
+    if error.errno == errno.EPERM:
+        return Unwritable(f"{where} refuses writes even to its owner ({role}): an immutable or append-only "
+                          f"attribute (`lsattr -d {where}` shows i or a)", f"remove it: chattr -i -a {where}")
+    return Unwritable(f"{where} cannot be written: {error.strerror or error} ({role})",
+                      f"make {where} writable for this user (owner, permissions, mount options)")
+
+
+def owner_and_mode(where: Path) -> str:
+    try:
+        status = where.stat()
+    except OSError:
+        return "owner unknown"
+    return f"owner uid {status.st_uid}, mode {stat.S_IMODE(status.st_mode):04o}"
+
+
+def mount_point(where: Path) -> Path:
+    """The mount point of the filesystem holding `where`."""
+    where = where.resolve()
+    while where != where.parent and os.path.ismount(where) is False:
+        where = where.parent
+    return where
 
 
 def check_vocabulary(settings: Settings) -> Check:
@@ -361,7 +433,7 @@ async def diagnose(settings: Settings) -> list[Check]:
 def report(checks: list[Check], out: TextIO) -> int:
     """Print a line per check; 0 when all passed, 1 otherwise."""
     for check in checks:
-        print(check.line(), file=out, flush=True)
+        print(redact(check.line()), file=out, flush=True)  # a token pasted into a URL setting, say
     return 0 if all(check.status is Status.OK for check in checks) else 1
 
 
@@ -373,5 +445,5 @@ def doctor_main(out: TextIO = sys.stdout) -> int:
         return report([fail("settings", str(error), "fix that line in .env (.env.example explains each setting)")],
                       out)
     # The report is the output: library log lines (hub, transformers) would only interleave with it.
-    configure_logging("ERROR", secrets=[settings.telegram.telegram_bot_token, settings.openai.openai_api_key])
+    configure_logging("ERROR", secrets=settings.secrets())  # also what `report` redacts
     return report(asyncio.run(diagnose(settings)), out)

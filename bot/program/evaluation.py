@@ -45,6 +45,7 @@ FAILURES = {
     "no_tool_call": "no tool call",
     "wrong_answer": "tool right but answer wrong",
 }
+SHOWN_CHARS = 100  # of a question and of its answer, in the line `qwenbot eval` prints for it
 EVAL_CHAT = "eval"  # the chat key whose tool settings a run uses (none of its own: the global ones)
 
 
@@ -223,6 +224,15 @@ def summary(report: EvalReport, source: str) -> list[str]:
 
 
 def _question_line(result: CaseResult) -> str:
+    """One question's line: its mark, the question and the answer, each cut to SHOWN_CHARS (a question set may hold
+    a 10 MB question; the report file, not the terminal, is the place for all of it)."""
     mark = "✓" if result.passed else f"✗ {FAILURES[result.failure or 'error']}:"
-    answer = " ".join(result.answer.split())
-    return f"{mark} {result.case.question} → {answer[:100] + ('…' if len(answer) > 100 else '')}"
+    return f"{mark} {shown(result.case.question)} → {shown(result.answer)}"
+
+
+def shown(text: str) -> str:
+    """`text` on one line, cut to SHOWN_CHARS characters with … when longer."""
+    # Only the start is split into words: a megabyte is not worth splitting to show a hundred characters of it.
+    flat = " ".join(text[:SHOWN_CHARS * 4].split())
+    longer = len(flat) > SHOWN_CHARS or len(text) > SHOWN_CHARS * 4
+    return flat[:SHOWN_CHARS] + ("…" if longer else "")

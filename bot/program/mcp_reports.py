@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tools.mcp import Listing, McpHub
+from tools.mcp import Listing, McpHub, left_out_text
 from tools.mcp_store import ServerSpec, ToolInfo
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ def listing_text(listing: Listing) -> str:
             lines.append(f"{label}: {', '.join(_full(listing.server, n) for n in names)}")
     if listing.skipped:
         lines.append("Not offered: " + "; ".join(listing.skipped))
+    if listing.left_out or listing.more_unread:
+        lines.append(f"⚠️ {left_out_text(listing)}.")
     return "\n".join(lines)
 
 

@@ -17,13 +17,17 @@ from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
 from agent.options import ChatOptions
 from agent.tokens import qwen_token_counter
+from bot.program.audit import insert_audit
 from bot.program.config import Settings
 from bot.program.logs import add_secrets
 from db import Database, DatabaseOpenError, open_database
+from db.secret_box import SecretBox
 from tools import build_registry
 from tools.courses import CourseCatalog
+from tools.docs import DocsTools
+from tools.docs_store import DocumentLibrary
 from tools.mcp import McpHub, McpLimits
-from tools.mcp_store import read_config
+from tools.mcp_store import read_config, seal_plain_servers
 from tools.registry import ToolRegistry
 from tools.settings import ToolSettings
 
@@ -44,6 +48,7 @@ class Services:
     agent: Agent
     mcp: McpHub
     options: ChatOptions
+    documents: DocumentLibrary
 
     async def close(self) -> None:
         """Close the MCP connections, stop the model, then close the database."""
@@ -54,11 +59,26 @@ class Services:
             await self.db.close()
 
 
-async def open_settings_database(settings: Settings) -> Database:
-    """The database at DATABASE_PATH; a path that cannot be used is reported naming the variable."""
+async def open_settings_database(settings: Settings, *, new_database: bool = False) -> Database:
+    """The database at DATABASE_PATH, its secrets sealed (MCP servers stored before migration 0013 are sealed now,
+    with the key at SECRETS_KEY_PATH); a path that cannot be used is reported naming the variable. A database
+    that existed there and is gone is made anew only with `new_database` (db/marker.py)."""
     with naming_database_path():
-        return await open_database(settings.storage.database_path,
-                                   busy_timeout_seconds=settings.storage.database_busy_timeout_seconds)
+        db = await open_database(settings.storage.database_path,
+                                 busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+                                 new_database=new_database)
+    try:
+        if sealed := await seal_plain_servers(db, secret_box(settings)):
+            log.info("sealed the secrets of %d MCP server(s) stored in plain text before", sealed)
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+def secret_box(settings: Settings) -> SecretBox:
+    """The box sealing the database's secrets, with its key from SECRETS_KEY_PATH (created on first use)."""
+    return SecretBox.at(settings.storage.secrets_key_file)
 
 
 @contextmanager
@@ -71,11 +91,13 @@ def naming_database_path() -> Iterator[None]:
         raise DatabaseOpenError(f"{error}; check DATABASE_PATH") from error
 
 
-async def start_services(settings: Settings, llm: LLM | None = None) -> Services:
-    """Open the database, start the model (`llm`, or the configured backend), build the agent; MCP servers connect
-    in the background (their last known tools are registered at once)."""
+async def start_services(settings: Settings, llm: LLM | None = None, *, new_database: bool = False) -> Services:
+    """Open the database (a new one where one was lost only with `new_database`), start the model (`llm`, or the
+    configured backend), build the agent; MCP servers connect in the background (their last known tools are
+    registered at once)."""
+    add_secrets(settings.secrets())  # whoever builds services (a test, the terminal) gets the redactor fed too
     mcp_config = read_config(settings.mcp.mcp_config_path)  # a broken file stops the start, before anything opens
-    db = await open_settings_database(settings)
+    db = await open_settings_database(settings, new_database=new_database)
     log.info("database %s", db.path)
     try:
         llm = llm or build_llm(settings)
@@ -85,7 +107,9 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
         await db.close()
         raise
     catalog = CourseCatalog(db)
-    registry = build_registry(db, settings.tools.tool_timeout_seconds, settings.tools.course_names_free_text)
+    documents = document_library(settings, db)
+    registry = build_registry(db, settings.tools.tool_timeout_seconds, settings.tools.course_names_free_text,
+                              docs_tools(settings, documents))
     mcp = mcp_hub(settings, db, registry, mcp_config)
     try:
         await mcp.start()
@@ -98,7 +122,17 @@ async def start_services(settings: Settings, llm: LLM | None = None) -> Services
     memory = Memory(db)
     options = ChatOptions(db)
     agent = Agent(llm, registry, tool_settings, memory, agent_limits(settings), options)
-    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp, options)
+    return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp, options, documents)
+
+
+def document_library(settings: Settings, db: Database) -> DocumentLibrary:
+    """The team's documents in `db`, with the limits of the docs group; its changes are audited."""
+    return DocumentLibrary(db, settings.docs.limits(), audit=insert_audit)
+
+
+def docs_tools(settings: Settings, library: DocumentLibrary) -> DocsTools:
+    """`docs_search` and `docs_read` over `library`, answering within OBSERVATION_MAX_CHARS."""
+    return DocsTools(library, settings.agent.observation_max_chars)
 
 
 def mcp_hub(settings: Settings, db: Database, registry: ToolRegistry, config: list | None = None) -> McpHub:
@@ -106,8 +140,10 @@ def mcp_hub(settings: Settings, db: Database, registry: ToolRegistry, config: li
     mcp = settings.mcp
     limits = McpLimits(connect_timeout_seconds=mcp.mcp_connect_timeout_seconds, retry_seconds=mcp.mcp_retry_seconds,
                        max_tools_per_server=mcp.mcp_max_tools_per_server,
-                       description_max_chars=mcp.mcp_description_max_chars)
-    return McpHub(db, registry, config=read_config(mcp.mcp_config_path) if config is None else config, limits=limits)
+                       description_max_chars=mcp.mcp_description_max_chars,
+                       allow_private_addresses=mcp.mcp_allow_private_addresses)
+    return McpHub(db, registry, config=read_config(mcp.mcp_config_path) if config is None else config, limits=limits,
+                  box=secret_box(settings))
 
 
 def agent_limits(settings: Settings) -> AgentLimits:
@@ -163,6 +199,7 @@ def openai_llm(settings: Settings) -> LLM:
                           silence_seconds=openai.openai_silence_seconds)
     return OpenAILLM(base_url=openai.openai_base_url, model=openai.openai_model or settings.model.model,
                      api_key=openai.openai_api_key, limits=limits, startup_seconds=openai.openai_startup_seconds,
+                     server_wait_seconds=openai.openai_server_wait_seconds,
                      max_retries=openai.openai_max_retries,
                      count_tokens=qwen_token_counter(settings.model.tokenizer_vocab_path),
                      grammar=openai.openai_grammar)

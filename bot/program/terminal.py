@@ -29,6 +29,7 @@ from agent.memory import Session
 from agent.steps import TurnResult
 from agent.apologies import apology, language_of
 from agent.traces import render_trace
+from bot.program.doc_reports import with_sources
 from bot.program.services import Services
 
 OBSERVATION_CHARS = 300  # an observation is shown cut to this many characters (the model reads it whole)
@@ -178,7 +179,7 @@ async def answer_once(services: Services, session: Session, question: str, view:
     except BaseException:
         view.interrupted()
         raise
-    view.answer(result.answer)
+    view.answer(await with_sources(services.documents, result, language_of(question)))
     return result
 
 

@@ -60,10 +60,14 @@ class AccessControl:
                 return user_choice
             if user_id in self.settings.access.allowed_user_ids:
                 return True
-        if chat_type in GROUP_TYPES:
-            chat_choice = await self._choice("chat", chat_id)
-            return chat_choice if chat_choice is not None else chat_id in self.settings.access.allowed_chat_ids
-        return False
+        return await self.chat_allowed(chat_id, chat_type)
+
+    async def chat_allowed(self, chat_id: int, chat_type: str) -> bool:
+        """Whether a group is allowed as a whole (everyone in it may talk); a private chat never is by itself."""
+        if chat_type not in GROUP_TYPES:
+            return False
+        chat_choice = await self._choice("chat", chat_id)
+        return chat_choice if chat_choice is not None else chat_id in self.settings.access.allowed_chat_ids
 
     async def _choice(self, kind: str, subject_id: int) -> bool | None:
         row = await self.db.fetchone("SELECT allowed FROM access_list WHERE kind = ? AND subject_id = ?",

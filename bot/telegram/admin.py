@@ -11,7 +11,7 @@ from telegram import Update
 from agent.options import REQUIRE_TOOL_CALL
 from bot.program.audit import audit
 from bot.program.ids import IdError, parse_id, refuse_service_account
-from bot.telegram.chat import reply, reply_or_refuse, session_for
+from bot.telegram.chat import may_talk, refuse, reply, session_for
 from bot.telegram.context import BotContext
 from bot.telegram.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
 from tools.courses import FIELDS, FIELD_LABELS
@@ -42,12 +42,20 @@ FIELD_ALIASES = {**{label: name for name, label in FIELD_LABELS.items()}, "per_w
 
 
 async def admin_only(update: Update, context: BotContext) -> bool:
-    """Whether the sender is an admin; refuses everyone else with a clear message (once per interval, for a
-    sender without any access: see bot/telegram/chat.py's `refuse`)."""
-    user = update.effective_user
+    """Whether the sender is an admin; refuses everyone else.
+
+    Access is checked before the admin list: "admins only" is said only where the bot may talk (to a sender with
+    access, or in an allowed group). A chat nobody allowed hears nothing of the admin commands, not even that they
+    exist: a stranger gets the refusal any message of theirs gets (once per interval, with their id: see
+    bot/telegram/chat.py's `refuse`), and a message with no sender (a channel, a forged update) gets nothing.
+    """
+    user, message = update.effective_user, update.effective_message
     if user is not None and context.access.is_admin(user.id):
         return True
-    await reply_or_refuse(update, context, ADMINS_ONLY)
+    if await may_talk(update, context) or await context.access.chat_allowed(message.chat_id, message.chat.type):
+        await reply(message, ADMINS_ONLY)
+    else:
+        await refuse(update, context)
     return False
 
 

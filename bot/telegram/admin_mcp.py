@@ -47,7 +47,7 @@ async def mcp_add(update: Update, context: BotContext) -> None:
         spec = parse_add(command_words(update))
     except (ValueError, McpConfigError) as error:
         return await reply(message, f"❌ {error}\nUsage: {USAGE['mcp_add']}")
-    add_secrets(spec.headers.values())
+    add_secrets(spec.secrets)
     try:
         listing = await context.services.mcp.add(spec, update.effective_user.id)
     except McpConfigError as error:

@@ -20,15 +20,23 @@ from telegram import BotCommand, BotCommandScopeChat, Update
 from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
 
 from agent.llm.base import LLM
+from bot.program import systemd
 from bot.program.config import Settings
+from bot.program.endpoint import Endpoint
+from bot.program.health import HealthCheck
+from bot.program.logs import add_secrets
+from bot.program.metrics import BotMetrics
 from bot.program.services import Services, naming_database_path, start_services
-from bot.telegram import admin, admin_mcp, handlers
-from bot.telegram.context import PROGRESS, SERVICES, TURNS, BotContext, runtime_data
+from bot.telegram import admin, admin_docs, admin_mcp, handlers
+from bot.telegram.context import (DELIVERIES, HEALTH, METRICS, PROGRESS, SERVICES, TELEGRAM_CALLS, TURNS, BotContext,
+                                  runtime_data)
 from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
 from bot.telegram.ratelimit import BotRateLimiter
 from bot.telegram.replies import quietly
+from bot.telegram.requests import CALLS_POOL_SIZE, UPDATES_POOL_SIZE, MeteredRequest, TelegramCalls, keep_in_touch
 from bot.telegram.webhook import WebhookServer
-from db import InstanceLock
+from bot.telegram.turns import BY_DATABASE_GONE
+from db import DatabaseGone, InstanceLock
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,7 @@ USER_COMMANDS = [
     ("cancel", "stop the running answer", "停止正在进行的回答"),
     ("trace", "steps of the last answer", "上一次回答的步骤"),
     ("tools", "tools enabled here", "本聊天可用的工具"),
+    ("docs", "documents I can search here", "本聊天可搜索的文档"),
 ]
 ADMIN_COMMANDS = [
     ("tool_on", "NAME [global] [destructive]: enable a tool"),
@@ -60,19 +69,28 @@ ADMIN_COMMANDS = [
     ("mcp_add", "NAME URL [Header=value]: connect an MCP server"),
     ("mcp_refresh", "NAME: list a server's tools again"),
     ("mcp_del", "NAME: remove an MCP server"),
+    ("doc_add", "[global], replying to a file: add a document"),
+    ("doc_del", "ID: remove a document"),
+    ("doc_scope", "ID global|here: where a document is searched"),
 ]
 
 
 def build_application(settings: Settings, *, llm: LLM | None = None,
-                      services_factory: ServicesFactory | None = None) -> Application:
-    """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`)."""
+                      services_factory: ServicesFactory | None = None, new_database: bool = False) -> Application:
+    """The application for `settings`; tests pass a scripted `llm` (or a whole `services_factory`).
+    `new_database`: make a new database where one was lost (`qwenbot run --new-database`, db/marker.py)."""
+    add_secrets(settings.secrets())  # python-telegram-bot logs the Bot API URL as the bot is built
     async def start(settings: Settings) -> Services:
-        return await start_services(settings, llm=llm)
+        return await start_services(settings, llm=llm, new_database=new_database)
 
+    calls = TelegramCalls()  # every Bot API call tallied, for /metrics and /healthz
     application = (
         ApplicationBuilder()
         .token(settings.telegram.telegram_bot_token)
         .base_url(settings.telegram.telegram_base_url)
+        .request(MeteredRequest(calls, connection_pool_size=CALLS_POOL_SIZE))
+        .get_updates_request(MeteredRequest(calls, connection_pool_size=UPDATES_POOL_SIZE))
+        .base_file_url(settings.telegram.file_url())
         .context_types(ContextTypes(context=BotContext))
         .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram.telegram_messages_per_second,
                                      group_max_rate=settings.telegram.telegram_group_messages_per_minute,
@@ -82,6 +100,7 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
         .post_shutdown(_post_shutdown)
         .build()
     )
+    application.bot_data.update({TELEGRAM_CALLS: calls, METRICS: BotMetrics(calls)})
     register_handlers(application)
     return application
 
@@ -103,13 +122,24 @@ def register_handlers(application: Application) -> None:
         "allow": admin.allow, "deny": admin.deny, "admins": admin.admins, "stats": admin.stats,
         "mcp_add": admin_mcp.mcp_add, "mcp_list": admin_mcp.mcp_list, "mcp_del": admin_mcp.mcp_del,
         "mcp_refresh": admin_mcp.mcp_refresh,
+        "docs": handlers.docs, "doc_add": admin_docs.doc_add, "doc_del": admin_docs.doc_del,
+        "doc_scope": admin_docs.doc_scope,
     }
-    # `/tools all` (admins) before plain `/tools`: the first matching handler of a group wins.
+    # `/tools all` and `/docs all` (admins) before plain `/tools` and `/docs`: the first matching handler wins.
     application.add_handler(CommandHandler("tools", admin.tools_all, filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
     application.add_handler(CommandHandler("tools", handlers.tools, filters=typed))
+    application.add_handler(CommandHandler("docs", admin_docs.docs_all,
+                                           filters=typed & filters.Regex(r"^\S+\s+all\s*$")))
     for name, callback in commands.items():
         application.add_handler(CommandHandler(name, callback, filters=typed))
     application.add_handler(MessageHandler(new & filters.StatusUpdate.MIGRATE, handlers.on_migrate))
+    # Documents: a file with /doc_add as its caption (typed, not forwarded: a forwarded caption is someone else's
+    # text), anywhere; any file in a private chat (forwarding one to the bot is how an admin hands it over). Image
+    # files are pictures to ask about, not documents to search.
+    application.add_handler(MessageHandler(
+        typed & filters.Document.ALL & filters.CaptionRegex(admin_docs.CAPTION_COMMAND), admin_docs.doc_add_caption))
+    application.add_handler(MessageHandler(new & private & filters.Document.ALL & ~filters.Document.IMAGE,
+                                           admin_docs.on_private_file))
     application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
     application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
     application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,
@@ -122,12 +152,15 @@ def _post_init(settings: Settings, start: ServicesFactory) -> Callable[[Applicat
         """Start the services, share them with the handlers, register the command menu."""
         services = await start(settings)
         application.bot_data.update(runtime_data(settings, services))
+        application.bot_data[METRICS].attach(services)
         await register_commands(application, settings)
     return post_init
 
 
 async def _post_shutdown(application: Application) -> None:
-    """Close the model and the database (after every handler has ended)."""
+    """Close the model and the database (after every handler has ended, and the last delivery is written)."""
+    if (deliveries := application.bot_data.get(DELIVERIES)) is not None:
+        await deliveries.settled()
     services: Services | None = application.bot_data.pop(SERVICES, None)
     if services is not None:
         await services.close()
@@ -155,53 +188,95 @@ async def serve(application: Application, settings: Settings, stop: asyncio.Even
     """Run the bot until `stop` is set (or the intake fails for good, e.g. a rejected token), then shut down.
 
     First the database's instance lock (db/instance_lock.py): one serving process per database, a second one
-    waits INSTANCE_LOCK_WAIT_SECONDS for it (a rolling restart) and then gives up with `DatabaseInUse`.
+    waits INSTANCE_LOCK_WAIT_SECONDS for it (a rolling restart) and then gives up with `DatabaseInUse`. Then, with
+    METRICS_PORT set, /metrics and /healthz (bot/program/endpoint.py): up while the model loads, saying so.
     """
     lock = InstanceLock(settings.storage.database_path)
     with naming_database_path():
         if not await lock.acquire(settings.storage.instance_lock_wait_seconds, stop):
             return  # stopped while waiting for the other process
+    health = HealthCheck(settings, asyncio.get_running_loop(), application.bot_data[TELEGRAM_CALLS])
+    application.bot_data[HEALTH] = health
     try:
-        await application.initialize()
+        endpoint = open_endpoint(settings, application.bot_data[METRICS], health)
         try:
-            await application.post_init(application)
-            await application.start()
+            await application.initialize()
             try:
-                await _take_updates(application, settings, stop, poll_timeout)
+                await application.post_init(application)
+                health.attach(application.bot_data[SERVICES])
+                await application.start()
+                try:
+                    await _take_updates(application, settings, stop, poll_timeout)
+                finally:
+                    await application.stop()
             finally:
-                await application.stop()
+                await application.shutdown()
+                await application.post_shutdown(application)
         finally:
-            await application.shutdown()
-            await application.post_shutdown(application)
+            if endpoint is not None:
+                endpoint.stop()
     finally:
         lock.release()  # after the database is closed: the next process finds everything written
+
+
+def open_endpoint(settings: Settings, metrics: BotMetrics, health: HealthCheck) -> Endpoint | None:
+    """/metrics and /healthz on METRICS_HOST:METRICS_PORT, serving; None when METRICS_PORT is 0 (off)."""
+    port = settings.metrics.metrics_port
+    if not port:
+        return None
+    return Endpoint(settings.metrics.metrics_host, port, metrics.registry, health.run).start()
 
 
 async def _take_updates(application: Application, settings: Settings, stop: asyncio.Event,
                         poll_timeout: float) -> None:
     services: Services = application.bot_data[SERVICES]
-    journal = UpdateJournal(services.db, journal_source(application.bot.id, settings))
-    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS],
-                            resend_after=settings.turns.answer_resend_seconds)
+    journal = UpdateJournal(services.db, journal_source(application.bot.id, settings),
+                            max_question_chars=settings.turns.max_question_chars)
+    dispatcher = Dispatcher(application, journal, application.bot_data[TURNS])
     await journal.claim_legacy()
     await journal.report_foreign()
     await journal.prune()
+    await journal.husk_handled()  # rows a version before the husks kept whole
     await application.bot_data[PROGRESS].clean_up(application.bot)  # left on screen by a killed process
     await dispatcher.replay()
     intake = await _start_intake(application, settings, dispatcher, poll_timeout)
     stopping = asyncio.create_task(stop.wait())
     # The database file deleted or replaced under us (db/file_watch.py): stop rather than write to a ghost.
     watch = asyncio.create_task(services.db.file.watch(settings.storage.database_check_seconds), name="database-watch")
+    helpers = _health_helpers(application, settings)
+    systemd.notify("READY=1")
     try:
         await asyncio.wait([intake.task, stopping, watch], return_when=asyncio.FIRST_COMPLETED)
     finally:
+        systemd.notify("STOPPING=1")
         stopping.cancel()
         watch.cancel()
+        for helper in helpers:
+            helper.cancel()
         await intake.close()
+        if watch.done() and not watch.cancelled() and isinstance(watch.exception(), DatabaseGone):
+            # Nothing can be stored any more: stop every turn now, and each tells its asker (bot/telegram/questions.py).
+            application.bot_data[TURNS].cancel_all(BY_DATABASE_GONE)
         await dispatcher.finish(settings.turns.shutdown_grace_seconds)
     for task in (watch, intake.task):
         if task.done() and not task.cancelled() and task.exception():
             raise task.exception()  # e.g. InvalidToken, DatabaseGone: `qwenbot run` reports it in one line
+
+
+def _health_helpers(application: Application, settings: Settings) -> list[asyncio.Task]:
+    """What keeps the health checks true while serving, when anything asks them (METRICS_PORT, or systemd's
+    WatchdogSec): a getMe whenever Telegram has not been reached for half of HEALTH_TELEGRAM_SECONDS, and the
+    watchdog pinged while healthy."""
+    interval = systemd.watchdog_seconds()
+    if not settings.metrics.metrics_port and interval is None:
+        return []
+    every = settings.metrics.health_telegram_seconds / 2
+    helpers = [asyncio.create_task(keep_in_touch(application.bot, application.bot_data[TELEGRAM_CALLS], every),
+                                   name="telegram-keep-in-touch")]
+    if interval is not None:
+        helpers.append(asyncio.create_task(systemd.watchdog(application.bot_data[HEALTH].run, interval / 2),
+                                           name="systemd-watchdog"))
+    return helpers
 
 
 class _Intake:
@@ -227,23 +302,25 @@ async def _start_intake(application: Application, settings: Settings, dispatcher
     async def accept(update: Update) -> None:
         await dispatcher.accept([update])
 
+    secret = webhook.webhook_secret_token or secrets.token_urlsafe(32)
+    add_secrets([secret])  # python-telegram-bot logs setWebhook's parameters at DEBUG
     server = WebhookServer(application.bot, accept, url=webhook.webhook_url, listen=webhook.webhook_listen,
-                           port=webhook.webhook_port, secret=webhook.webhook_secret_token or secrets.token_urlsafe(32),
+                           port=webhook.webhook_port, secret=secret,
                            max_body_bytes=webhook.webhook_max_body_bytes, allowed_updates=ALLOWED_UPDATES)
     return _Intake(asyncio.create_task(server.run(), name="webhook"))
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, *, new_database: bool = False) -> None:
     """`qwenbot run`: serve until SIGINT or SIGTERM."""
-    asyncio.run(_run_until_signal(settings))
+    asyncio.run(_run_until_signal(settings, new_database))
 
 
-async def _run_until_signal(settings: Settings) -> None:
+async def _run_until_signal(settings: Settings, new_database: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     mode = f"webhook at {settings.webhook.webhook_url}" if settings.webhook.webhook_url else "long polling"
     log.info("starting the bot (%s)", mode)
-    await serve(build_application(settings), settings, stop)
+    await serve(build_application(settings, new_database=new_database), settings, stop)
     log.info("stopped")

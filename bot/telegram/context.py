@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 from telegram.ext import CallbackContext, ExtBot
 
 from bot.program.config import Settings
+from bot.program.metrics import BotMetrics
 from bot.telegram.access import AccessControl
+from bot.telegram.deliveries import DeliveryLedger
 from bot.telegram.progress import ProgressLedger
 from bot.telegram.refusals import RefusalLog
 from bot.telegram.streaming import DraftSupport
@@ -27,6 +29,10 @@ SETTINGS = "settings"
 REFUSALS = "refusals"
 DRAFTS = "drafts"
 PROGRESS = "progress"
+DELIVERIES = "deliveries"
+METRICS = "metrics"
+TELEGRAM_CALLS = "telegram_calls"
+HEALTH = "health"
 
 
 class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
@@ -53,6 +59,11 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
         return self.bot_data[PROGRESS]
 
     @property
+    def deliveries(self) -> DeliveryLedger:
+        """The pieces of answers Telegram took (bot/telegram/deliveries.py)."""
+        return self.bot_data[DELIVERIES]
+
+    @property
     def turns(self) -> TurnScheduler:
         """Where each question waits for its turn."""
         return self.bot_data[TURNS]
@@ -61,6 +72,11 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
     def refusals(self) -> RefusalLog:
         """Who was refused lately (told once per REFUSAL_INTERVAL_SECONDS)."""
         return self.bot_data[REFUSALS]
+
+    @property
+    def metrics(self) -> BotMetrics:
+        """The bot's Prometheus metrics (bot/program/metrics.py), put there by `build_application`."""
+        return self.bot_data[METRICS]
 
     @property
     def drafts(self) -> DraftSupport:
@@ -72,4 +88,4 @@ def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
     """The `bot_data` entries `post_init` installs."""
     return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
             TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.access.refusal_interval_seconds),
-            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db)}
+            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db), DELIVERIES: DeliveryLedger(services.db)}

@@ -10,6 +10,7 @@ import logging
 from telegram import Update
 from telegram.error import Forbidden
 
+from bot.program.doc_reports import documents_text
 from bot.telegram.chat import allowed, is_group, reply, reply_or_refuse, session_for, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
@@ -88,6 +89,15 @@ async def tools(update: Update, context: BotContext) -> None:
     await reply(update.effective_message, tools_text(enabled, user_language(update)))
 
 
+async def docs(update: Update, context: BotContext) -> None:
+    """/docs: the documents this chat can search (/docs all, for admins, is in bot/telegram/admin_docs.py)."""
+    if not await allowed(update, context):
+        return
+    here = session_for(update.effective_message).chat_key
+    listing = documents_text(await context.services.documents.documents(here), here)
+    await reply(update.effective_message, listing)
+
+
 async def unknown_command(update: Update, context: BotContext) -> None:
     """A command the bot does not know, in a private chat: show /help."""
     await help_command(update, context)
@@ -122,4 +132,5 @@ async def on_error(update: object, context: BotContext) -> None:
     if is_group(message) and addressed_question(message, context.bot.username, context.bot.id) is None \
             and not (message.text or "").startswith("/"):
         return  # a failure on group chatter is not worth a message to the group
-    await quietly(reply(message, text("apology", user_language(update))), "the apology")
+    apology = "database_gone" if isinstance(context.error, DatabaseGone) else "apology"
+    await quietly(reply(message, text(apology, user_language(update))), "the apology")

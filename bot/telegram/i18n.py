@@ -22,10 +22,11 @@ TEXTS: dict[str, dict[str, str]] = {
     "help": {
         "zh": ("提问：私聊直接发消息；群里用 @我、回复我，或 /ask 问题。\n"
                "/reset 忘记本聊天的历史\n/cancel 停止正在进行的回答\n/trace 上一次回答的步骤\n"
-               "/tools 本聊天可用的工具"),
+               "/tools 本聊天可用的工具\n/docs 本聊天可搜索的团队文档（管理员可以发送文件来添加）"),
         "en": ("Ask: write to me in private; in a group mention me, reply to me, or use /ask question.\n"
                "/reset forget this chat's history\n/cancel stop the running answer\n"
-               "/trace the steps of the last answer\n/tools the tools enabled here"),
+               "/trace the steps of the last answer\n/tools the tools enabled here\n"
+               "/docs the team documents I can search here (admins add them by sending a file)"),
     },
     "not_allowed": {
         "zh": "抱歉，你还没有使用权限。你的用户 ID 是 {user_id}。请把这个 ID 发给管理员，请他发送 /allow {user_id}。",
@@ -35,6 +36,10 @@ TEXTS: dict[str, dict[str, str]] = {
     "text_only": {
         "zh": "我只能读文字消息，请用文字提问。",
         "en": "I can only read text messages: please ask in text.",
+    },
+    "docs_admins_only": {
+        "zh": "⛔ 只有管理员可以添加文档。请用文字提问。",
+        "en": "⛔ Only admins can add documents. Ask me in text instead.",
     },
     "ask_usage": {
         "zh": "用法：/ask 你的问题",
@@ -92,6 +97,11 @@ TEXTS: dict[str, dict[str, str]] = {
     "no_tools": {
         "zh": "本聊天没有启用任何工具。",
         "en": "No tool is enabled here.",
+    },
+    "database_gone": {
+        "zh": "⚠️ 机器人需要停下来：它的数据库文件不见了。这个问题没有得到回答，恢复后请再问一次。",
+        "en": ("⚠️ The bot has to stop: its database file is gone. This question was not answered; please ask again "
+               "once the bot is back."),
     },
     "timeout": APOLOGIES["timeout"],
     "model_error": APOLOGIES["error"],

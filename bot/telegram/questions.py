@@ -1,31 +1,41 @@
 """The question path: whether a message is meant for the bot, its place in line, access at the start of its
 turn, running the agent with feedback, and delivering the answer.
 
-Questions go through the turn scheduler (bot/telegram/turns.py): in order per chat, one at a time per user.
+Questions go through the turn scheduler (bot/telegram/turns.py): in order per chat, one at a time per user. A turn
+keeps its place until its answer is delivered, so answers reach each chat in the order of the questions even when
+Telegram refuses them for a while (`deliver`). An update handled again (a restart) is answered from the store, and
+only the pieces of the answer Telegram has not taken yet are sent (bot/telegram/deliveries.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import unicodedata
+from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 from telegram import Message, MessageEntity, Update, User
 from telegram.error import BadRequest, NetworkError, RetryAfter
 
-from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.errors import LLMCancelled, LLMError, LLMTimeout, TurnNotSaved
 from agent.events import AnswerText, EventSink, ToolStarted
 from agent.memory import Session
 from bot.program.config import Settings
+from bot.program.doc_reports import with_sources
+from bot.program.metrics import TurnTimer
 from bot.telegram.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
-from bot.telegram.replies import TurnFeedback, quietly
+from bot.telegram.replies import TurnFeedback, quietly, split_message
 from bot.telegram.streaming import AnswerStream, StreamTarget
-from bot.telegram.turns import BY_SHUTDOWN, BY_USER, TurnSlot
+from bot.telegram.turns import BY_DATABASE_GONE, BY_SHUTDOWN, BY_USER, TurnSlot
 from db import DatabaseBusy
 
 log = logging.getLogger(__name__)
+
+SAVE_RETRY_SECONDS = 1.0  # between two tries to store a turn whose first save met a busy database
 
 
 async def answer_question(update: Update, context: BotContext, question: str) -> None:
@@ -61,14 +71,28 @@ async def take_turn(update: Update, context: BotContext, question: str, slot: Tu
     message, user, lang = update.effective_message, update.effective_user, user_language(update)
     if slot.behind_own_turn and context.turns.tell_once(user.id, "queued"):
         await quietly(reply(message, text("queued", lang)), "the queued notice")
+    await _take_turn(update, context, question, slot)
+    if slot.cancelled_by == BY_DATABASE_GONE and not slot.answered:
+        # The bot stops: its journal went with the database, so no restart will answer this question either.
+        # (A turn that met the loss itself raises DatabaseGone, and the error handler says the same.)
+        await quietly(reply(message, text("database_gone", lang)), "the stopping notice")
+
+
+async def _take_turn(update: Update, context: BotContext, question: str, slot: TurnSlot) -> None:
+    message, user, lang = update.effective_message, update.effective_user, user_language(update)
     if not await context.turns.wait_turn(slot):
         return
     if not await may_talk(update, context):
         context.turns.release(slot)
         await refuse(update, context)
         return
+    stored = await stored_reply(context, slot)
+    if stored is not None and stored.already >= len(split_message(stored.text) or ["…"]):
+        log.info("update %s: its stored answer went out before the restart; not sent again", slot.update_id)
+        slot.answered = True
+        return
     prompt = f"{asker_name(user)}: {question}" if is_group(message) else question
-    await run_turn(context, message, session_for(message), prompt, slot, lang)
+    await run_turn(context, message, session_for(message), prompt, slot, lang, stored)
 
 
 async def turn_away(update: Update, context: BotContext) -> None:
@@ -94,19 +118,43 @@ def question_problem(question: str, settings: Settings, lang: str) -> str | None
     return None
 
 
+@dataclass(frozen=True)
+class TurnAnswer:
+    """What a turn delivers: the text, what an earlier run already did with it, and what is still to store."""
+
+    text: str
+    already: int = 0  # leading pieces an earlier run delivered (an answer from the store, after a restart)
+    save: Callable[[], Awaitable[int]] | None = None  # stores the turn when its first save met a busy database
+
+
+async def stored_reply(context: BotContext, slot: TurnSlot) -> TurnAnswer | None:
+    """The answer stored for the slot's update (handled again after a restart), with how much of it went out."""
+    if not slot.source_key:
+        return None
+    stored = await context.services.memory.stored_answer(slot.source_key)
+    if stored is None:
+        return None
+    return TurnAnswer(stored, await context.deliveries.delivered(slot.source_key))
+
+
 async def run_turn(context: BotContext, message: Message, session: Session, question: str, slot: TurnSlot,
-                   lang: str) -> None:
-    """Run the agent with typing, progress and the answer streamed as it is written; deliver the answer (or a
-    short apology) over the stream; a stopped turn leaves what was streamed, marked as stopped."""
+                   lang: str, stored: TurnAnswer | None = None) -> None:
+    """Run the agent (or take the `stored` answer) with typing, progress and the answer streamed as it is written;
+    deliver the answer (or a short apology) over the stream; a stopped turn leaves what was streamed, marked as
+    stopped."""
     feedback = TurnFeedback(context.bot, message.chat_id, placeholder=text("thinking", lang),
                             reply_to=message.message_id, thread_id=topic_of(message),
                             typing_every=context.settings.streaming.typing_interval_seconds,
                             progress_after=context.settings.streaming.progress_after_seconds, ledger=context.progress)
-    stream = answer_stream(context, message)
+    stream = answer_stream(context, message, slot)
+    timer = context.metrics.timer()
+    if stored is not None:
+        timer.status = None  # an answer sent again from the store: not a turn of its own
     try:
         try:
             async with feedback, stream:
-                answer = await agent_answer(context, session, question, slot, lang, turn_events(feedback, stream))
+                answer = stored or await agent_answer(context, session, question, slot, lang,
+                                                      turn_events(feedback, stream), timer)
         except BaseException:  # a bug (the error handler apologises) or the task cancelled: what streamed is cut
             await stream.stop(text("answer_stopped", lang))
             raise
@@ -114,19 +162,24 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
             await stream.stop(text("answer_stopped", lang))
         else:
             await deliver(context, stream, answer, slot)
+            if answer.save is not None:
+                await save_later(context, answer.save, slot)
     finally:
         await feedback.remove()  # the answer (or the apology of the error handler) replaces it
+        timer.end(stream.first_shown)
 
 
-def answer_stream(context: BotContext, message: Message) -> AnswerStream:
-    """Where the answer streams: a draft in a private chat, else one message edited, at the chat's pace."""
+def answer_stream(context: BotContext, message: Message, slot: TurnSlot) -> AnswerStream:
+    """Where the answer streams: a draft in a private chat, else one message edited, at the chat's pace; each
+    piece Telegram takes is recorded under the turn's key."""
     group = is_group(message)
     target = StreamTarget(message.chat_id, reply_to=message.message_id, thread_id=topic_of(message),
                           draft_id=None if group else message.message_id)
     streaming = context.settings.streaming
     interval = streaming.group_stream_interval_seconds if group else streaming.stream_interval_seconds
+    recorder = context.deliveries.recorder(slot.source_key) if slot.source_key else None
     return AnswerStream(context.bot, target, interval=interval, drafts=context.drafts,
-                        patience=context.settings.turns.send_patience_seconds)
+                        patience=context.settings.turns.send_patience_seconds, on_delivered=recorder)
 
 
 def turn_events(feedback: TurnFeedback, stream: AnswerStream) -> EventSink:
@@ -140,45 +193,110 @@ def turn_events(feedback: TurnFeedback, stream: AnswerStream) -> EventSink:
     return on_event
 
 
-async def deliver(context: BotContext, stream: AnswerStream, answer: str, slot: TurnSlot) -> None:
-    """Send the answer; if Telegram refuses it for longer than SEND_PATIENCE_SECONDS, have it sent again."""
-    try:
-        await stream.finish(answer)
-    except BadRequest:
-        raise  # refused for good (PTB's BadRequest is a NetworkError): sending it again would fail again
-    except (NetworkError, RetryAfter) as error:
-        # The turn is stored already: its update stays unhandled in the journal and is handled again, answered
-        # from the store, after ANSWER_RESEND_SECONDS (or after a restart): bot/telegram/intake.py. No apology:
-        # the answer itself is on its way.
-        log.warning("the answer to update %s was not delivered (%s); it will be sent again", slot.update_id, error)
-        context.turns.keep_undelivered(slot)
+async def deliver(context: BotContext, stream: AnswerStream, answer: TurnAnswer, slot: TurnSlot) -> None:
+    """Send the answer, trying until Telegram takes it.
+
+    Each try retries for SEND_PATIENCE_SECONDS (network failures, flood waits); the next one starts
+    ANSWER_RESEND_SECONDS later, and goes on where the last stopped (no piece is sent twice). All the while the
+    turn keeps its place, so the chat's next answer cannot overtake this one, and it goes out as soon as Telegram
+    takes messages again, without a restart. /cancel stops the tries; so does a shutdown, which leaves the update
+    unhandled for the next start to send from the store. A refusal (BadRequest) is final: sending it again would
+    be refused again.
+    """
+    resend = context.settings.turns.answer_resend_seconds
+    while True:
+        try:
+            finished = await until_stopped(stream.finish(answer.text, already=answer.already), slot)
+        except BadRequest:
+            raise  # refused for good (PTB's BadRequest is a NetworkError)
+        except (NetworkError, RetryAfter) as error:
+            log.warning("the answer to update %s was not delivered yet (%s); trying again in %g s", slot.update_id,
+                        error, resend)
+            if await until_stopped(asyncio.sleep(resend), slot):
+                continue
+            finished = False
+        if finished:
+            slot.answered = True
+        else:
+            log.info("update %s: delivering its answer stopped (%s)", slot.update_id, slot.cancelled_by)
         return
-    slot.answered = True
+
+
+async def until_stopped(work: Awaitable[object], slot: TurnSlot) -> bool:
+    """Await `work` unless the slot is stopped first (/cancel, shutdown): then cancel it. Whether it completed."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.create_task(slot.stopped.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        return False
+    task.result()  # raises what the work raised
+    return True
 
 
 async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
-                       on_event: EventSink) -> str | None:
-    """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
-    if slot.source_key and (stored := await context.services.memory.stored_answer(slot.source_key)) is not None:
-        return stored  # a redelivered update (restart): answer it again, do not store it twice
+                       on_event: EventSink, timer: TurnTimer) -> TurnAnswer | None:
+    """The agent's answer, an apology when the model failed, or None when the turn was cancelled; `timer` learns
+    how the turn ended."""
     try:
         result = await context.services.agent.run(session, question, user_id=slot.user_id,
                                                   source_key=slot.source_key,
                                                   on_event=on_event, cancel=slot.cancel)
     except LLMTimeout:
-        return text("timeout", lang)
+        timer.status = "timeout"
+        return TurnAnswer(text("timeout", lang))
     except LLMCancelled:
+        timer.status = "cancelled"
         # /cancel already said "stopped"; a turn stopped by shutdown stays unhandled in the update journal and is
         # answered after the restart (bot/telegram/intake.py).
-        return None if slot.cancelled_by in (BY_USER, BY_SHUTDOWN) else text("timeout", lang)
+        stopped = slot.cancelled_by in (BY_USER, BY_SHUTDOWN, BY_DATABASE_GONE)
+        return None if stopped else TurnAnswer(text("timeout", lang))
     except LLMError as error:
+        timer.status = "error"
         log.warning("model failed in %s: %s", session.id, error)
-        return text("model_error", lang)
+        return TurnAnswer(text("model_error", lang))
+    except TurnNotSaved as unsaved:
+        # The answer exists; only storing it met another process's lock. The user gets it now; it is stored
+        # once the database frees (`save_later`).
+        log.warning("database busy in %s as the turn was stored (%s): delivering the answer first", session.id,
+                    unsaved)
+        timer.status = str(unsaved.result.status)
+        context.metrics.tools_used(unsaved.result)
+        return TurnAnswer(await with_sources(context.services.documents, unsaved.result, lang), save=unsaved.save)
     except DatabaseBusy as error:
-        # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS: nothing of the turn was stored.
+        # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS before the turn had an answer.
+        timer.status = "database_busy"
         log.warning("database busy in %s: %s", session.id, error)
-        return text("busy", lang)
-    return result.answer
+        return TurnAnswer(text("busy", lang))
+    timer.status = str(result.status)
+    context.metrics.tools_used(result)
+    return TurnAnswer(await with_sources(context.services.documents, result, lang))  # the documents it used
+
+
+async def save_later(context: BotContext, save: Callable[[], Awaitable[int]], slot: TurnSlot) -> None:
+    """Store a delivered turn whose first save met a busy database: try again, a second apart (each try waits
+    DATABASE_BUSY_TIMEOUT_SECONDS for the lock), for up to ANSWER_SAVE_WAIT_SECONDS. The turn keeps its place
+    meanwhile, so the chat's next question sees it in its history. Giving up is logged: the answer was delivered
+    but is missing from the history (and a restart before its update is marked handled would ask again)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + context.settings.turns.answer_save_wait_seconds
+    while True:
+        try:
+            await save()
+            log.info("update %s: its turn is stored now that the database is free", slot.update_id)
+            return
+        except DatabaseBusy as error:
+            if loop.time() + SAVE_RETRY_SECONDS > deadline:
+                log.error("update %s: its answer was delivered but could not be stored; the database stayed busy "
+                          "for %g s (%s)", slot.update_id, context.settings.turns.answer_save_wait_seconds, error)
+                return
+        if not await until_stopped(asyncio.sleep(SAVE_RETRY_SECONDS), slot):
+            return
 
 
 def is_blank(question: str) -> bool:

@@ -1,7 +1,8 @@
 """Telegram-shaped output: 4096-character splitting, safe formatting, typing and progress while a turn runs.
 
 The rule everywhere here: an auxiliary call (typing, a progress message, an edit, a deletion) may fail and the
-answer still goes out; formatting Telegram refuses is sent again as plain text.
+answer still goes out; formatting Telegram refuses is sent again as plain text. Every text sent passes
+`outgoing` first: no lone surrogates, and no secret the process knows (core/secrets.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from agent.memory import StoredTurn
 from agent.steps import TOOL_KINDS
 from agent.traces import render_trace, shorten
 from agent.unicode import clean_text
+from core.secrets import redact
 from bot.program.config import StreamingSettings, TurnsSettings
 from bot.telegram.i18n import text
 from bot.telegram.progress import ProgressLedger
@@ -105,12 +107,17 @@ def _inline_html(segment: str) -> str:
 
 # --- sending ---------------------------------------------------------------------------------------------------
 
+def outgoing(text: str) -> str:
+    """`text` fit to send: lone surrogates replaced (no request could encode one), secrets redacted."""
+    return redact(clean_text(text))
+
+
 async def send_text(bot: Bot, chat_id: int, text: str, *, reply_to: int | None = None,
                     thread_id: int | None = None, patience: float | None = None) -> list[Message]:
     """Send `text` split to Telegram's limit, the first piece replying to `reply_to`; returns what was sent.
     Each piece retries for `patience` seconds (see `send_chunk`)."""
     sent = []
-    for index, chunk in enumerate(split_message(clean_text(text)) or ["…"]):
+    for index, chunk in enumerate(split_message(outgoing(text)) or ["…"]):
         sent.append(await send_chunk(bot, chat_id, chunk, reply_to=reply_to if index == 0 else None,
                                      thread_id=thread_id, patience=patience))
     return sent
@@ -123,7 +130,7 @@ async def send_chunk(bot: Bot, chat_id: int, chunk: str, *, reply_to: int | None
     Failures are retried for `patience` seconds (default SEND_PATIENCE_SECONDS).
     """
     reply = ReplyParameters(reply_to, allow_sending_without_reply=True) if reply_to else None
-    chunk = clean_text(chunk)  # a lone surrogate cannot be encoded into the request
+    chunk = outgoing(chunk)
 
     async def send(body: str, parse_mode: str | None) -> Message:
         return await bot.send_message(chat_id, body, parse_mode=parse_mode, reply_parameters=reply,
@@ -141,7 +148,7 @@ async def send_chunk(bot: Bot, chat_id: int, chunk: str, *, reply_to: int | None
 async def edit_chunk(message: Message, chunk: str, *, patience: float | None = None) -> None:
     """Change a sent message to `chunk`, formatted as `send_chunk` formats it (plain text when Telegram refuses the
     formatting); an edit that changes nothing counts as done."""
-    chunk = clean_text(chunk)  # a lone surrogate cannot be encoded into the request
+    chunk = outgoing(chunk)
 
     async def edit(body: str, parse_mode: str | None) -> None:
         try:
@@ -165,7 +172,7 @@ async def send_draft(bot: Bot, chat_id: int, draft_id: int, chunk: str, *, threa
                      patience: float | None = None) -> None:
     """Show `chunk` as the chat's draft `draft_id` (Bot API sendMessageDraft: private chats only), formatted as
     `send_chunk` formats it. A refusal (a server without drafts, a chat that cannot have one) is raised."""
-    chunk = clean_text(chunk)  # a lone surrogate cannot be encoded into the request
+    chunk = outgoing(chunk)
 
     async def draft(body: str, parse_mode: str | None) -> None:
         await bot.send_message_draft(chat_id, draft_id, body, message_thread_id=thread_id, parse_mode=parse_mode)
@@ -318,7 +325,7 @@ class TurnFeedback:
                 elif self.ledger is not None:
                     await self.ledger.remember(self.chat_id, self.progress.message_id)
             elif self.progress is not _NO_MESSAGE:
-                await quietly(self.progress.edit_text(clean_text(text)), "editing the progress message")
+                await quietly(self.progress.edit_text(outgoing(text)), "editing the progress message")
             self._shown = text
 
 

@@ -3,9 +3,9 @@
 Telegram announces the upgrade twice, both as service messages: `migrate_to_chat_id` in the old group and
 `migrate_from_chat_id` in the new supergroup. Whichever arrives first moves, in one transaction, everything keyed
 by the old id: the group's access entry (an admin's `/allow`, or ALLOWED_CHAT_IDS turned into an entry, since the
-environment cannot be rewritten), its history and traces (sessions `tg:<id>` and `tg:<id>:<topic>`), and its tool
-settings. The second finds nothing left to move. Without this a group allowed yesterday is refused today, and
-loses its history.
+environment cannot be rewritten), its history and traces (sessions `tg:<id>` and `tg:<id>:<topic>`), its tool
+settings and the documents searchable there only. The second finds nothing left to move. Without this a group
+allowed yesterday is refused today, and loses its history.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ class CarriedOver:
     access: str  # "allowed", "denied", "allowed (ALLOWED_CHAT_IDS)" or "none"
     sessions: int
     tool_settings: int
+    documents: int = 0
 
     @property
     def anything(self) -> bool:
         """Whether anything moved (the second announcement finds nothing)."""
-        return self.access != "none" or self.sessions > 0 or self.tool_settings > 0
+        return self.access != "none" or self.sessions > 0 or self.tool_settings > 0 or self.documents > 0
 
 
 async def carry_over(db: Database, access: AccessControl, old_id: int, new_id: int) -> CarriedOver:
@@ -41,11 +42,13 @@ async def carry_over(db: Database, access: AccessControl, old_id: int, new_id: i
     async with db.transaction() as conn:
         moved = CarriedOver(await _move_access(conn, access, old_id, new_id),
                             await _move_sessions(conn, old_id, new_id),
-                            await _move_tool_settings(conn, old_id, new_id))
+                            await _move_tool_settings(conn, old_id, new_id),
+                            await _move_documents(conn, old_id, new_id))
         if moved.anything:
             await insert_audit(conn, None, new_id, "chat_migrated",
                                f"chat {old_id} -> {new_id}: access {moved.access}, {moved.sessions} session(s), "
-                               f"{moved.tool_settings} tool setting(s)")
+                               f"{moved.tool_settings} tool setting(s)"
+                               + (f", {moved.documents} document(s)" if moved.documents else ""))
     if moved.anything:
         log.info("group %s became supergroup %s; carried over: access %s, %d session(s), %d tool setting(s)",
                  old_id, new_id, moved.access, moved.sessions, moved.tool_settings)
@@ -99,6 +102,14 @@ async def _move_tool_settings(conn: Any, old_id: int, new_id: int) -> int:
     moved = cursor.rowcount
     await conn.execute("DELETE FROM tool_settings WHERE scope = ?", (old_key,))
     return max(moved, 0)
+
+
+async def _move_documents(conn: Any, old_id: int, new_id: int) -> int:
+    """Documents searchable in the old chat only become searchable in the new one (a name the new chat has
+    already keeps the new chat's document: the old one stays under its old key, where /docs all shows it)."""
+    cursor = await conn.execute(
+        "UPDATE OR IGNORE documents SET scope = ? WHERE scope = ?", (chat_key(new_id), chat_key(old_id)))
+    return max(cursor.rowcount, 0)
 
 
 def _like_prefix(prefix: str) -> str:

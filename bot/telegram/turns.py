@@ -5,7 +5,8 @@ for the previous slot of its session and the previous slot of its user; both wer
 slots can wait on each other and there is no deadlock. Other chats and users go on in parallel.
 
 Each slot carries the `CancelToken` its turn gives the model: `/cancel` and shutdown set it, and a slot cancelled
-while still waiting never runs.
+while still waiting never runs. A slot keeps its place until its answer is delivered (bot/telegram/questions.py
+`deliver`): an answer Telegram does not take yet holds up the later answers of its chat, never the other chats.
 
 The scheduler also counts each user's pending slots (for MAX_PENDING_QUESTIONS) and remembers which notices a
 user was given while they wait ("your question is queued"), so each is given once per wait, not once per message.
@@ -22,10 +23,7 @@ from agent.llm.base import CancelToken
 BY_USER = "user"
 BY_SHUTDOWN = "shutdown"
 BY_TIMEOUT = "timeout"
-
-# Why an update is left unhandled in the journal, to be handled again.
-INTERRUPTED = "interrupted"  # shutdown stopped its turn: after the restart
-UNDELIVERED = "undelivered"  # its answer is stored but Telegram did not take it: soon, from the store
+BY_DATABASE_GONE = "database gone"  # the bot stops: its database file was deleted or replaced (db/file_watch.py)
 
 
 @dataclass(eq=False)
@@ -39,6 +37,7 @@ class TurnSlot:
     # from the store, not asked twice. None for a question that came through no journal.
     source_key: str | None = None
     cancel: CancelToken = field(default_factory=CancelToken)
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)  # set with `cancel`, for waits on the event loop
     cancelled_by: str | None = None
     running: bool = False
     answered: bool = False
@@ -63,6 +62,7 @@ class TurnSlot:
         if self.cancelled_by is None:
             self.cancelled_by = reason
         self.cancel.cancel()
+        self.stopped.set()
 
 
 class TurnScheduler:
@@ -75,9 +75,10 @@ class TurnScheduler:
         self._pending: dict[int, int] = {}  # user → slots waiting or running
         self._told: dict[int, set[str]] = {}  # user → notices given during the current wait
         self.closing = False
-        # Updates whose turn shutdown stopped before it answered (INTERRUPTED), or whose answer Telegram never took
-        # (UNDELIVERED): the journal keeps them unhandled, to be handled again. Only this class writes or reads it.
-        self._kept: dict[int, str] = {}
+        # Updates whose turn shutdown stopped before its answer was delivered, by journal key (by update id for a
+        # question that came through no journal): the journal keeps them unhandled, to be handled again after the
+        # restart. Only this class writes or reads it.
+        self._kept: set[str | int] = set()
         # The journal key of each update being handled, attached by the dispatcher (bot/telegram/intake.py) as it
         # hands the update to its handler: a slot reserved for that update takes it as its `source_key`.
         self._journal_keys: dict[int, str] = {}
@@ -153,21 +154,19 @@ class TurnScheduler:
 
     def keep_for_restart(self, slot: TurnSlot) -> None:
         """Leave the slot's update unhandled in the journal, to be handled again after a restart."""
-        if slot.update_id is not None:
-            self._kept.setdefault(slot.update_id, INTERRUPTED)
+        if slot.source_key is not None or slot.update_id is not None:
+            self._kept.add(slot.source_key or slot.update_id)
 
-    def keep_undelivered(self, slot: TurnSlot) -> None:
-        """Leave the slot's update unhandled: its stored answer is to be sent again (bot/telegram/intake.py)."""
-        if slot.update_id is not None:
-            self._kept[slot.update_id] = UNDELIVERED
+    def kept_for_restart(self, key: str | int) -> bool:
+        """Whether the update (its journal key, or its id) is left to be handled again after a restart."""
+        return key in self._kept
 
-    def kept_for_restart(self, update_id: int) -> bool:
-        """Whether the update is left to be handled again (its turn interrupted, or its answer undelivered)."""
-        return update_id in self._kept
-
-    def take_kept(self, update_id: int) -> str | None:
-        """Why the update is left unhandled (INTERRUPTED, UNDELIVERED), or None; forgets it (the handler ended)."""
-        return self._kept.pop(update_id, None)
+    def take_kept(self, key: str | int) -> bool:
+        """Whether the update (its journal key) is left to be handled again; forgets it (its handler ended)."""
+        if key in self._kept:
+            self._kept.discard(key)
+            return True
+        return False
 
     def cancel(self, session_id: str, user_id: int | None = None) -> int:
         """Cancel the waiting and running turns of a session (only `user_id`'s, when given); how many."""

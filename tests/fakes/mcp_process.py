@@ -52,12 +52,12 @@ class McpServerProcess:
 
     @classmethod
     def launch(cls, folder: Path, *, transport: str = "streamable-http", header: str | None = None,
-               port: int | None = None) -> "McpServerProcess":
-        """Start the server and wait until it accepts connections."""
+               port: int | None = None, extras: str = "") -> "McpServerProcess":
+        """Start the server and wait until it accepts connections; `extras` is MCP_FAKE_EXTRAS (mcp_server.py)."""
         port = port or free_port()
         call_log = folder / f"mcp-calls-{port}.log"
         command = [sys.executable, "-m", SERVER_MODULE, transport, str(port), *([header] if header else [])]
-        env = {**os.environ, "MCP_FAKE_CALL_LOG": str(call_log), "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "MCP_FAKE_CALL_LOG": str(call_log), "PYTHONPATH": str(ROOT), "MCP_FAKE_EXTRAS": extras}
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         server = cls(process, port, call_log, "/sse" if transport == "sse" else "/mcp")
         server._wait_until_listening()

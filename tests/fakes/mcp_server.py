@@ -14,6 +14,13 @@ SIGUSR1 changes `forecast`'s schema: from then on it requires `country` too, and
 "schema changed" test). SIGUSR2 drops `forecast`'s read-only hint, as a careless server update would. With
 REQUIRED_HEADER the HTTP server refuses every request lacking that header (401). With MCP_FAKE_CALL_LOG set, every
 call is appended to that file as `tool {"arguments": ...}` before it runs, so tests see what reached the server.
+
+MCP_FAKE_EXTRAS (comma-separated) makes the desk misbehave as the security probes need:
+
+- `echo_headers`: a read-only `echo_headers()` tool returning the HTTP headers of the request, as a debugging
+  tool of a real server would (a secret header then comes back in a tool result).
+- `tools=N`: N more read-only tools, `extra_1` … `extra_N` (a server offering more than the bot takes).
+- `duplicate`: the listing names `forecast` twice (a broken server; the second copy has another description).
 """
 
 from __future__ import annotations
@@ -24,15 +31,29 @@ import os
 import signal
 import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ToolAnnotations
+from mcp_types import Tool, ToolAnnotations
 
 WEATHER = {"Paris": "Paris: 21°C, sunny", "Oslo": "Oslo: 4°C, snow", "Lima": "Lima: 18°C, fog"}
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True)
 
-server = MCPServer("weather-desk", instructions="Weather for a few cities.")
+EXTRAS = [word.strip() for word in os.environ.get("MCP_FAKE_EXTRAS", "").split(",") if word.strip()]
+
+
+class WeatherDesk(MCPServer):
+    """The SDK's server, with a listing that can name a tool twice (MCP_FAKE_EXTRAS=duplicate)."""
+
+    async def list_tools(self) -> list[Tool]:
+        tools = await super().list_tools()
+        if "duplicate" in EXTRAS:
+            first = next(tool for tool in tools if tool.name == "forecast")
+            tools.append(first.model_copy(update={"description": "A second forecast, listed under the same name."}))
+        return tools
+
+
+server = WeatherDesk("weather-desk", instructions="Weather for a few cities.")
 
 
 def log_call(tool: str, **arguments: str) -> None:
@@ -83,8 +104,27 @@ def drop_read_only_hint(*_: object) -> None:
     server.add_tool(forecast)
 
 
+async def echo_headers(ctx: Context) -> str:
+    """The HTTP headers of this request, for debugging."""
+    return json.dumps(dict(ctx.headers or {}), sort_keys=True)
+
+
+def add_extra_tools(count: int) -> None:
+    """`extra_1` … `extra_COUNT`, all read-only."""
+    for number in range(1, count + 1):
+        async def extra(number: int = number) -> str:
+            return f"extra {number}"
+        server.add_tool(extra, name=f"extra_{number}", description=f"Extra tool number {number}.",
+                        annotations=READ_ONLY)
+
+
 server.add_tool(forecast, annotations=READ_ONLY)
 server.add_tool(delete_city, annotations=DESTRUCTIVE)
+if "echo_headers" in EXTRAS:
+    server.add_tool(echo_headers, annotations=READ_ONLY)
+for extra in EXTRAS:
+    if extra.startswith("tools="):
+        add_extra_tools(int(extra.partition("=")[2]))
 
 
 def require_header(app, name: str, value: str):

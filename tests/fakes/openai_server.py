@@ -111,7 +111,7 @@ class RecordedRequest:
 class FakeOpenAIServer:
     """An OpenAI-compatible server on a free port of 127.0.0.1, answering from a queue of `Reply`s."""
 
-    def __init__(self, model: str = "fake-qwen") -> None:
+    def __init__(self, model: str = "fake-qwen", port: int = 0) -> None:
         self.model = model
         self.requests: list[RecordedRequest] = []
         self.max_in_flight = 0
@@ -125,7 +125,7 @@ class FakeOpenAIServer:
         self._in_flight = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd = _Server(("127.0.0.1", port), _Handler)  # port 0: a free one
         self._httpd.daemon_threads = True
         self._httpd.fake = self  # type: ignore[attr-defined]
         # A short poll interval makes stop() quick: shutdown() waits for serve_forever's next poll.

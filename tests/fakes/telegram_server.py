@@ -10,10 +10,15 @@
 It serves what the bot calls: getMe, getUpdates (long polling with `timeout`; an update stays queued until a later
 call's `offset` confirms it, as Telegram does), sendMessage, sendMessageDraft (private chats only, as Telegram;
 `FakeTelegramServer(drafts=False)` answers it "Not Found", as Bot API servers before 9.3 do), editMessageText,
-deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo. Like the real server it refuses texts over 4096
+deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo; and files as the real Bot
+API serves them: `send_document` queues a message with a document, `getFile` answers its `file_path` (refusing a
+file over 20 MB, "file is too big", as Telegram does for bots) and GET /file/bot<token>/<file_path> downloads it.
+Like the real server it refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
 method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
 effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
+`restarted()` stops the server and starts a new one at the same address that remembers nothing but Telegram's
+message ids, its update ids starting at 1 again, as a Bot API server restarted without its state.
 
 The stdlib `ThreadingHTTPServer` runs in a background thread, one thread per connection: the long poll blocks
 its own thread only. Tests on the event loop wait with `await server.wait_for(predicate)`.
@@ -32,12 +37,13 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 from tests.fakes.openai_server import json_bytes
 
 TOKEN = "123456:TEST-token-for-the-fake-server"
 MAX_TEXT = 4096
+MAX_DOWNLOAD = 20 * 1024 * 1024  # getFile refuses bigger files: bots download at most 20 MB
 # Form fields PTB sends JSON-encoded; everything else (text, parse_mode, action...) is a plain string.
 JSON_FIELDS = {
     "chat_id", "message_id", "reply_parameters", "commands", "scope", "timeout", "offset", "limit",
@@ -148,13 +154,14 @@ class _State:
     messages: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     next_message_id: dict[int, int] = field(default_factory=dict)
     webhook_url: str = ""
+    files: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # file_id → (file_path, content)
 
 
 class FakeTelegramServer:
     """A Bot API server on a free port of 127.0.0.1, holding one bot."""
 
     def __init__(self, *, token: str = TOKEN, bot_id: int = 777000, bot_username: str = "qwen_test_bot",
-                 drafts: bool = True) -> None:
+                 drafts: bool = True, host: str = "127.0.0.1", port: int = 0) -> None:
         self.token = token
         self.drafts = drafts
         self.bot = User(bot_id, "Qwen Test Bot", username=bot_username, is_bot=True)
@@ -166,7 +173,8 @@ class FakeTelegramServer:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stopping = threading.Event()
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._connections: set[socket.socket] = set()  # open client connections, closed by `stop`
+        self._httpd = _Server((host, port), _Handler)  # tests: loopback, a free port
         self._httpd.daemon_threads = True
         self._httpd.fake = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(
@@ -182,7 +190,7 @@ class FakeTelegramServer:
     @property
     def base_url(self) -> str:
         """What TELEGRAM_BASE_URL should be to reach this server (the token is appended by the client)."""
-        return f"http://127.0.0.1:{self.port}/bot"
+        return f"http://{self._httpd.server_address[0]}:{self.port}/bot"
 
     def start(self) -> "FakeTelegramServer":
         """Start serving in a background thread."""
@@ -190,13 +198,31 @@ class FakeTelegramServer:
         return self
 
     def stop(self) -> None:
-        """Release long polls and stop serving."""
+        """Release long polls and stop serving; close the clients' kept-alive connections, as a process that ends
+        does (idempotent)."""
         self._stopping.set()
         with self._changed:
             self._changed.notify_all()
         self._httpd.shutdown()
         self._httpd.server_close()
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already
         self._thread.join(timeout=5)
+
+    def restarted(self) -> "FakeTelegramServer":
+        """Stop this server and start a new one at the same address for the same bot, keeping nothing of its own:
+        its update ids start at 1 again, as a Bot API server restarted without its working folder. Message ids go
+        on: they are Telegram's, not the Bot API server's."""
+        self.stop()
+        server = FakeTelegramServer(token=self.token, bot_id=self.bot.id, bot_username=self.bot.username or "",
+                                    drafts=self.drafts, port=self.port)
+        server._state.next_message_id = dict(self._state.next_message_id)
+        return server.start()
 
     def __enter__(self) -> "FakeTelegramServer":
         return self.start()
@@ -214,6 +240,11 @@ class FakeTelegramServer:
             self._state.pushed[update_id] = self._state.updates[-1]
             self._changed.notify_all()
         return update_id
+
+    def pushed(self, update_id: int) -> dict[str, Any]:
+        """The update queued under `update_id`, as the bot received it."""
+        with self._lock:
+            return self._state.pushed[update_id]
 
     def redeliver(self, update_id: int) -> None:
         """Queue an update again, same id: what Telegram does when it never saw the confirmation."""
@@ -240,6 +271,31 @@ class FakeTelegramServer:
                               "width": 512, "height": 512, "is_animated": False, "is_video": False}
         self.push_update("message", message)
         return message["message_id"]
+
+    def send_document(self, chat: Chat, user: User, name: str, content: bytes, *, caption: str | None = None,
+                      mime_type: str = "application/octet-stream", reply_to: int | None = None,
+                      file_size: int | None = None) -> int:
+        """`user` sends the file `name` holding `content` (with a `caption`, whose /command gets its entity), as
+        Telegram delivers documents; returns the message id. `file_size` overrides the size the message declares
+        (a file too big to download is never stored whole)."""
+        message = self._user_message(chat, user, None, reply_to)
+        message["document"] = self.add_file(name, content, mime_type, file_size)
+        if caption is not None:
+            message["caption"] = caption
+            if _entities(caption):
+                message["caption_entities"] = _entities(caption)
+        self.push_update("message", message)
+        return message["message_id"]
+
+    def add_file(self, name: str, content: bytes, mime_type: str = "application/octet-stream",
+                 file_size: int | None = None) -> dict[str, Any]:
+        """Store a file for getFile and downloads; its Document object as a message carries it."""
+        with self._lock:
+            number = len(self._state.files) + 1
+            file_id = f"doc-{number}-{name}"
+            self._state.files[file_id] = (f"documents/file_{number}{_suffix(name)}", content)
+        return {"file_id": file_id, "file_unique_id": f"u{number}", "file_name": name, "mime_type": mime_type,
+                "file_size": len(content) if file_size is None else file_size}
 
     def push_message(self, chat: Chat, user: User | None, *, kind: str = "message", **fields: Any) -> int:
         """Any message as an update of `kind` (message, edited_message, channel_post...), for bad-input tests:
@@ -448,6 +504,22 @@ class FakeTelegramServer:
                 raise _ApiError(400, "Bad Request: message to delete not found")
         return True
 
+    def _api_getFile(self, params: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            stored = self._state.files.get(str(params.get("file_id", "")))
+        if stored is None:
+            raise _ApiError(400, "Bad Request: invalid file_id")
+        path, content = stored
+        if len(content) > MAX_DOWNLOAD:
+            raise _ApiError(400, "Bad Request: file is too big")
+        return {"file_id": params["file_id"], "file_unique_id": params["file_id"], "file_size": len(content),
+                "file_path": path}
+
+    def download(self, path: str) -> bytes | None:
+        """The content at a getFile `file_path`, or None."""
+        with self._lock:
+            return next((content for stored, content in self._state.files.values() if stored == path), None)
+
     def _api_sendChatAction(self, params: dict[str, Any]) -> bool:
         return True
 
@@ -516,6 +588,11 @@ def _entities(text: str) -> list[dict[str, Any]]:
     return entities
 
 
+def _suffix(name: str) -> str:
+    dot = name.rfind(".")
+    return name[dot:] if dot > 0 else ""
+
+
 def _utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le")) // 2
 
@@ -582,6 +659,19 @@ class _Handler(BaseHTTPRequestHandler):
     def fake(self) -> FakeTelegramServer:
         return self.server.fake  # type: ignore[attr-defined]
 
+    def setup(self) -> None:
+        super().setup()
+        with self.fake._lock:
+            self.fake._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.fake._lock:
+            self.fake._connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass  # the connection was shut down by `stop`
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
         """Stay quiet: tests assert on recorded calls."""
 
@@ -599,6 +689,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(params)
 
     def _serve(self, params: dict[str, Any]) -> None:
+        files = f"/file/bot{self.fake.token}/"
+        if unquote(self.path).startswith(files):  # clients quote the path, the token's colon included
+            return self._serve_file(unquote(self.path)[len(files):])
         prefix = f"/bot{self.fake.token}/"
         if not self.path.startswith(prefix):
             return self._send(401, _error(401, "Unauthorized"))
@@ -617,6 +710,21 @@ class _Handler(BaseHTTPRequestHandler):
             status, body = self.fake.handle(method, params)
         self.fake._record(method, params, status, body)
         self._send(status, body)
+
+    def _serve_file(self, path: str) -> None:
+        """A file download, as the real server serves one: the bytes, or 404."""
+        content = self.fake.download(path.split("?")[0])
+        self.fake._record("download", {"file_path": path}, 200 if content is not None else 404, {})
+        if content is None:
+            return self._send(404, _error(404, "Not Found"))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(content)))
+        self.end_headers()
+        try:
+            self.wfile.write(content)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
 
     def _lose_answer(self, method: str, params: dict[str, Any], failure: Failure) -> None:
         """Carry the call out (recorded as accepted), then answer it late, or drop the connection instead."""
@@ -657,3 +765,55 @@ def _decode(key: str, value: str) -> Any:
         return json.loads(value)
     except ValueError:
         return value
+
+
+# --- standalone: the fake as a process of its own (deploy/check/run_check.sh talks to a container with it) ---------
+
+def ask_and_wait(server: FakeTelegramServer, user: User, question: str, timeout: float) -> dict[str, Any]:
+    """`user` asks `question` in a private chat once the bot polls; the answer (the bot's first message replying
+    to it) or, after `timeout`, what the chat shows."""
+    deadline = time.monotonic() + timeout
+    while not server.polls_started and time.monotonic() < deadline:
+        time.sleep(0.1)
+    message_id = server.send_text(private_chat(user), user, question)
+    while time.monotonic() < deadline:
+        for call in server.sent(user.id):
+            if (call.params.get("reply_parameters") or {}).get("message_id") == message_id:
+                return {"question": question, "answer": call.result["text"]}
+        time.sleep(0.1)
+    return {"question": question, "answer": None, "chat": server.visible_messages(user.id)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the fake Bot API on HOST:PORT; each line read from stdin is a question from one user, answered on
+    stdout as one JSON line. Serves on after stdin ends, until SIGTERM or SIGINT."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--user-id", type=int, default=1001)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each answer")
+    args = parser.parse_args(argv)
+    server = FakeTelegramServer(host=args.host, port=args.port, drafts=False).start()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(json.dumps({"listening": server.base_url, "token": server.token}), flush=True)
+    user = User(args.user_id, "Operator", "en")
+    try:
+        for line in sys.stdin:
+            if line.strip():
+                print(json.dumps(ask_and_wait(server, user, line.strip(), args.timeout), ensure_ascii=False),
+                      flush=True)
+        signal.pause()
+    finally:
+        calls = {}
+        for call in server.calls:
+            calls[call.method] = calls.get(call.method, 0) + 1
+        print(json.dumps({"calls": calls}), flush=True)
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

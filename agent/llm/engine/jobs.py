@@ -104,6 +104,10 @@ class JobQueue:
         """Whether no job waits."""
         return self._queue.empty()
 
+    def size(self) -> int:
+        """How many jobs wait (a close's wake-up mark may count as one)."""
+        return self._queue.qsize()
+
     def fail_all(self, error: BaseException) -> None:
         """Answer every waiting job with `error`, and empty the queue."""
         while True:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,7 +30,7 @@ import torch
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory
 from agent.grammar import Grammar
-from agent.llm.base import Completion, trim_at_stop
+from agent.llm.base import Completion, ModelActivity, ModelCounters, trim_at_stop
 from agent.llm.engine.admission import Admission
 from agent.llm.engine.batch import BatchRow, generate_rows, render_prompt
 from agent.llm.engine.grammar_masks import GrammarEngine, RowGrammar
@@ -56,7 +57,7 @@ class ModelThread:
 
     def __init__(self, load: Callable[[], LoadedModel], *, admission: Admission,
                  min_new_tokens: int = 0, prefix_store_bytes: int | None = 0,
-                 speculative: SpeculativeLimits = SpeculativeLimits()):
+                 speculative: SpeculativeLimits = SpeculativeLimits(), counters: ModelCounters | None = None):
         self._load = load
         self.admission = admission  # which queued jobs join the next batch, and when a batch pauses for them
         self.speculative = speculative  # speculative tokens a step may check per row and per batch
@@ -74,6 +75,11 @@ class ModelThread:
         self._prefix_store_bytes = prefix_store_bytes
         self.prefix_store = PrefixStore(prefix_store_bytes or 0)
         self._closing = threading.Event()
+        # Plain counts for whoever reports them (batches, rows, speculative tokens; the queue read when asked),
+        # and when the thread last made progress, for a health check to tell a stuck thread from an idle one.
+        self.counters = counters if counters is not None else ModelCounters()
+        self.counters.queued_jobs = self._jobs.size
+        self._progress_at = time.monotonic()
 
     async def start(self) -> LoadedModel:
         """Start the thread, load the model on it, and wait (without blocking the loop) until it is ready."""
@@ -82,10 +88,20 @@ class ModelThread:
         self._thread.start()
         return await self._loaded
 
+    def activity(self) -> ModelActivity:
+        """Whether the thread is alive, has work (queued or running), and how long since its last step; an idle
+        thread's clock starts again when work arrives. Safe to call from any thread."""
+        working = bool(self._current) or not self._jobs.empty()
+        return ModelActivity(alive=self._thread.is_alive(), working=working,
+                             seconds_since_progress=time.monotonic() - self._progress_at,
+                             detail="" if self._thread.is_alive() or self._exited is None else "it has exited")
+
     def submit(self, job: Job) -> None:
         """Queue a job for the next batch; called on the event loop."""
         if self._exited is None or self._closing.is_set():
             raise LLMError("the local model is not running (start() was not called, or it has closed)")
+        if not self._current and self._jobs.empty():
+            self._progress_at = time.monotonic()  # work arrives at an idle thread: its clock starts now
         self._jobs.put(job)
         if self._closing.is_set():  # it closed between the check and the put: nobody will take the job now
             job.settle(error=LLMError("the local model is shutting down"))
@@ -150,16 +166,18 @@ class ModelThread:
     def _run_batch(self, loaded: LoadedModel, resumed: list[BatchRow], jobs: list[Job]) -> None:
         """Generate for the resumed rows and every live new job in one batch; an error fails this batch's callers,
         not the thread."""
+        self._progress_at = time.monotonic()
         rows = resumed + [row for job in jobs if (row := _prepare(loaded, job)) is not None]
         if not rows:
             return
         log.debug("generating a batch of %d (longest prompt %d tokens)",
                   len(rows), max(len(row.prompt_ids) for row in rows))
+        self._count_batch(len(rows))
         try:
             generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens, self.prefix_store,
                           should_pause=lambda: self.admission.should_pause(self._jobs, _live(rows)),
                           on_finished=lambda row: _settle_row(loaded.tokenizer, row), grammars=loaded.grammars,
-                          speculative=self.speculative)
+                          speculative=self.speculative, on_pass=self._count_pass)
         except torch.OutOfMemoryError:
             _free_device_memory()
             _fail(rows, LLMOutOfMemory(
@@ -169,7 +187,21 @@ class ModelThread:
             log.exception("generate failed for a batch of %d", len(rows))
             _fail(rows, LLMError(f"the local model failed: {type(error).__name__}: {error}"))
             return
+        finally:
+            self.counters.batch_rows = 0
+            self._progress_at = time.monotonic()
         self._paused = [row for row in rows if not row.finished]
+
+    def _count_batch(self, rows: int) -> None:
+        self.counters.batches += 1
+        self.counters.batch_rows_total += rows
+        self.counters.batch_rows = rows
+
+    def _count_pass(self, offered: int, taken: int) -> None:
+        """One pass through the model: progress, and the speculative tokens it checked and took."""
+        self._progress_at = time.monotonic()
+        self.counters.speculative_proposed += offered
+        self.counters.speculative_accepted += taken
 
 
 def _live(rows: list[BatchRow]) -> int:
