@@ -8,7 +8,7 @@ row's outputs do not depend on its batch neighbours. 0.625 bytes a weight, scale
 third of bf16's; GGUF's Q4_K takes 0.5625).
 
 Faster than bf16 for one chat, slower than int8 once a step holds more than a few tokens: the kernel reads the
-weights again for every four rows (bench/README.md § Linear layers). The output layer, the largest product of a
+weights again for every four rows (bench/README.md § MODEL_DTYPE=auto). The output layer, the largest product of a
 step and the most sensitive to rounding, has int8 weights and unrounded inputs (`OutputInt8Linear`), as llama.cpp's
 Q4_K_M keeps it in 6 bits.
 Layers whose sizes the kernel cannot take (inputs not a multiple of 32, outputs not of 16) stay as loaded.

@@ -68,7 +68,9 @@ def choose_dtype(setting: str, on_gpu: bool) -> Any:
     Native bf16: a CUDA GPU, or a CPU with avx512_bf16 or AMX (several times faster than fp32 there: bench/README.md).
     Without those instructions bf16 is emulated and slower than fp32. bf16 is not batch-invariant: rounding can
     flip a near-tied greedy choice when the batch shape changes; MODEL_DTYPE=float32 buys exact, batch-independent
-    outputs (on a CPU) at that speed cost.
+    outputs (on a CPU) at that speed cost. Why auto is not int8 or int4 though both are a setting away (measured
+    by bench/dtype_agreement.py, bench/README.md § MODEL_DTYPE=auto): int8 is faster but leaves float32's tokens
+    early in nearly every row; int4 follows float32 as closely as bf16 but is slower on long prompts.
     """
     import torch
 
