@@ -26,7 +26,7 @@ Message = dict[str, Any]
 TextSink = Callable[[str], None]
 
 # The values of MODEL_DTYPE: `auto` lets the backend choose for the hardware it runs on.
-MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ class LocalLLM(LLM):
 
     def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
                  batch_wait_ms: int = 20, min_new_tokens: int = 0, converted_dir: Path | None = None,
-                 prefix_cache_mb: int = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
+                 prefix_cache_mb: int | None = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
                  native_tools: bool = False, speculative: SpeculativeLimits = SpeculativeLimits()):
         self.model_setting = model
         self.speculative = speculative
         self.converted_dir = converted_dir
-        self.prefix_cache_mb = prefix_cache_mb
+        self.prefix_cache_mb = prefix_cache_mb  # None: sized from the model once loaded (engine/memory.py)
         self.base_dir = base_dir  # where a relative MODEL path is looked for (the data directory)
         self.cache_dir = cache_dir  # where hub models are downloaded to and looked for
         self.native_tools = native_tools  # AGENT_MODE=native: the chat template must render tools
@@ -53,7 +53,8 @@ class LocalLLM(LLM):
         thread = ModelThread(lambda: load_model(source, self.device_map, self.dtype, self.converted_dir,
                                                 self.cache_dir, self.native_tools),
                              admission=FirstComeAdmission(self.batch_size, self.batch_wait_ms / 1000),
-                             min_new_tokens=self.min_new_tokens, prefix_store_bytes=self.prefix_cache_mb << 20,
+                             min_new_tokens=self.min_new_tokens,
+                             prefix_store_bytes=None if self.prefix_cache_mb is None else self.prefix_cache_mb << 20,
                              speculative=self.speculative, counters=self.counters)
         loaded = await thread.start()
         # A copy is a separate Rust object, so the loop and the model thread never share a tokenizer. Copying

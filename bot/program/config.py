@@ -173,14 +173,28 @@ class EngineSettings:
 
     batch_size: int = 8
     batch_wait_ms: int = 20
-    prefix_cache_mb: int = 512
+    prefix_cache_mb: str = "auto"  # auto: the KV of PREFIX_CACHE_TOKENS tokens of the model (engine/memory.py)
     speculative_tokens: int = SpeculativeLimits.per_row
     speculative_step_tokens: int = SpeculativeLimits.per_step
 
     def validate(self) -> None:
-        """Refuse an empty batch and negative sizes."""
+        """Refuse an empty batch, negative sizes, a prefix store size that is neither auto nor MiB."""
         positive(self, ("batch_size",))
-        not_negative(self, ("batch_wait_ms", "prefix_cache_mb", "speculative_tokens", "speculative_step_tokens"))
+        not_negative(self, ("batch_wait_ms", "speculative_tokens", "speculative_step_tokens"))
+        self.prefix_cache_megabytes()
+
+    def prefix_cache_megabytes(self) -> int | None:
+        """PREFIX_CACHE_MB as MiB, or None for auto (sized from the model once it is loaded)."""
+        if self.prefix_cache_mb.strip().lower() == "auto":
+            return None
+        try:
+            size = int(self.prefix_cache_mb)
+        except ValueError:
+            size = -1
+        if size < 0:
+            raise ConfigError(f"PREFIX_CACHE_MB must be auto or a whole number of MiB (0: off), "
+                              f"got {shown(self.prefix_cache_mb)}")
+        return size
 
 
 @dataclass(frozen=True)

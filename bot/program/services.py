@@ -189,7 +189,7 @@ def local_llm(settings: Settings) -> LLM:
     speculative = SpeculativeLimits(per_row=engine.speculative_tokens, per_step=engine.speculative_step_tokens)
     return LocalLLM(model.model, device_map=model.model_device_map, dtype=model.model_dtype,
                     batch_size=engine.batch_size, batch_wait_ms=engine.batch_wait_ms,
-                    converted_dir=model.model_converted_dir, prefix_cache_mb=engine.prefix_cache_mb,
+                    converted_dir=model.model_converted_dir, prefix_cache_mb=engine.prefix_cache_megabytes(),
                     base_dir=settings.storage.data_dir, cache_dir=model.model_cache_dir,
                     native_tools=settings.agent.agent_mode == "native", speculative=speculative)
 

@@ -35,6 +35,7 @@ from agent.llm.engine.admission import Admission
 from agent.llm.engine.batch import BatchRow, generate_rows, render_prompt
 from agent.llm.engine.grammar_masks import GrammarEngine, RowGrammar
 from agent.llm.engine.jobs import Job, JobQueue, resolve
+from agent.llm.engine.memory import PREFIX_CACHE_TOKENS, default_prefix_store_bytes
 from agent.llm.engine.prefix_store import PrefixStore
 from agent.llm.engine.speculative import SpeculativeLimits
 from agent.llm.engine.text_stream import TextStream
@@ -55,7 +56,7 @@ class ModelThread:
     """Owns the model thread: loads the model there, then runs batches of jobs until closed."""
 
     def __init__(self, load: Callable[[], LoadedModel], *, admission: Admission,
-                 min_new_tokens: int = 0, prefix_store_bytes: int = 0,
+                 min_new_tokens: int = 0, prefix_store_bytes: int | None = 0,
                  speculative: SpeculativeLimits = SpeculativeLimits(), counters: ModelCounters | None = None):
         self._load = load
         self.admission = admission  # which queued jobs join the next batch, and when a batch pauses for them
@@ -70,7 +71,9 @@ class ModelThread:
         self._current: list[Job] = []
         # Rows paused so that a newcomer could join: they go first into the next batch, each holding its own KV.
         self._paused: list[BatchRow] = []
-        self.prefix_store = PrefixStore(prefix_store_bytes)
+        # None: sized once the model is loaded, from its KV bytes per token (memory.py)
+        self._prefix_store_bytes = prefix_store_bytes
+        self.prefix_store = PrefixStore(prefix_store_bytes or 0)
         self._closing = threading.Event()
         # Plain counts for whoever reports them (batches, rows, speculative tokens; the queue read when asked),
         # and when the thread last made progress, for a health check to tell a stuck thread from an idle one.
@@ -122,6 +125,10 @@ class ModelThread:
             self._signal(self._loaded, None, error)
             self._signal(self._exited, None, None)
             return
+        if self._prefix_store_bytes is None:
+            self.prefix_store.budget_bytes = default_prefix_store_bytes(loaded.model)
+            log.info("prefix store: up to %d MiB (the KV of %d tokens of this model)",
+                     self.prefix_store.budget_bytes >> 20, PREFIX_CACHE_TOKENS)
         self._signal(self._loaded, loaded, None)
         try:
             self._serve(loaded)
