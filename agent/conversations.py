@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from agent.grammar import Grammar, GrammarLimits, native_grammar, react_final_grammar, react_step_grammar
+from agent.images import Picture, with_pictures
 from agent.llm.base import Completion, Message, ModelRequest
 from agent.native import native_answer_so_far, parse_native, strip_thinking
 from agent.prompts import (REACT_STOP, REACT_STOPS, STEP_LIMIT_NOTE, react_instructions, react_prompt, react_question,
@@ -73,13 +74,14 @@ class ReactConversation:
     mode = "react"
 
     def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool],
-                 rules: TurnRules = TurnRules()):
+                 rules: TurnRules = TurnRules(), pictures: Sequence[Picture] = ()):
         self.tools = list(tools)
         self.limits = rules.grammar if self.tools else None
         self.first_tools = [tool for tool in self.tools if tool.name in rules.required_tools]
         self.tool_required = bool(self.first_tools)
-        self.messages = _react_messages(_defused(history), defuse(question), self.tools, rules.react_layout,
-                                        system_message(rules.persona))
+        self.messages = _with_question_pictures(
+            _react_messages(_defused(history), defuse(question), self.tools, rules.react_layout,
+                            system_message(rules.persona)), pictures)
         self.trace = ""  # the assistant's text so far; the backend continues it
         self.answer_requested = False  # the step limit is reached: the next reply is the answer
 
@@ -137,14 +139,15 @@ class NativeConversation:
     mode = "native"
 
     def __init__(self, history: Sequence[Message], question: str, tools: Sequence[Tool],
-                 rules: TurnRules = TurnRules()):
+                 rules: TurnRules = TurnRules(), pictures: Sequence[Picture] = ()):
         self.tools = list(tools)
         self.offer_tools = bool(self.tools)
         self.limits = rules.grammar
         self.first_tools = [tool for tool in self.tools if tool.name in rules.required_tools]
         self.tool_required = bool(self.first_tools)
         self.messages: list[Message] = [{"role": "system", "content": system_message(rules.persona)},
-                                        *_defused(history), {"role": "user", "content": defuse(question)}]
+                                        *_defused(history),
+                                        {"role": "user", "content": with_pictures(defuse(question), pictures)}]
 
     def request(self) -> ModelRequest:
         specs = [tool.openai_spec() for tool in self.tools] if self.offer_tools else None
@@ -201,6 +204,14 @@ def _react_messages(history: Sequence[Message], question: str, tools: Sequence[T
             {"role": "user", "content": react_question(question)}]
 
 
+def _with_question_pictures(messages: list[Message], pictures: Sequence[Picture]) -> list[Message]:
+    """The turn's messages with its pictures in the question's message, the last one (only this turn's question
+    carries pictures: the history keeps a note of them, not the pictures)."""
+    if not pictures:
+        return messages
+    return [*messages[:-1], {**messages[-1], "content": with_pictures(messages[-1]["content"], pictures)}]
+
+
 def _defused(history: Sequence[Message]) -> list[Message]:
     """The history as data: each message's text defused (an earlier answer may quote what a user wrote)."""
     return [{**message, "content": defuse(str(message.get("content") or ""))} for message in history]
@@ -213,10 +224,10 @@ def _plain_answer(text: str) -> Decision:
 
 
 def start_conversation(mode: str, history: Sequence[Message], question: str, tools: Sequence[Tool],
-                       rules: TurnRules = TurnRules()) -> Conversation:
-    """The conversation for `mode` ('react' or 'native')."""
+                       rules: TurnRules = TurnRules(), pictures: Sequence[Picture] = ()) -> Conversation:
+    """The conversation for `mode` ('react' or 'native'); `pictures` go with the question (to a model that sees)."""
     kind = NativeConversation if mode == "native" else ReactConversation
-    return kind(history, question, tools, rules)
+    return kind(history, question, tools, rules, pictures)
 
 
 def arguments_key(tool: str, arguments: Any) -> str:

@@ -13,12 +13,13 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, Sequence
 
 from agent.conversations import Conversation, TurnRules, arguments_key, start_conversation
 from agent.errors import LLMCancelled, LLMError, LLMTimeout, TurnNotSaved
 from agent.events import AnswerText, EventSink, ModelCall, ToolFinished, ToolStarted, TurnEvent
 from agent.grammar import GrammarLimits
+from agent.images import Picture
 from agent.llm.base import LLM, CancelToken, Completion, TextSink
 from agent.history import history_messages
 from agent.memory import HistoryView, Memory, Session, TurnRecord, utc_now
@@ -123,13 +124,17 @@ class Agent:
 
     async def run(self, session: Session, question: str, *, user_id: int | None = None,
                   source_key: str | None = None, on_event: EventSink | None = None,
-                  cancel: CancelToken | None = None) -> TurnResult:
+                  cancel: CancelToken | None = None, pictures: Sequence[Picture] = (),
+                  input_kind: str = "text") -> TurnResult:
         """Answer `question` in `session`; store the finished turn; return the answer and its steps.
 
         A database another process holds past its busy timeout when the turn is to be stored raises
         `TurnNotSaved`, which carries the result and a way to store it later.
 
         `on_event` sees the turn as it runs (agent/events.py): steps, observations, the answer as it is written.
+        `pictures` go to the model with the question (the caller checked that it sees: `LLM.sees_images`);
+        `input_kind` says how the question was asked ('text', 'voice': `question` is its transcript, 'photo'), for
+        /trace and the history's note of a picture (agent/memory.py).
         """
         started, started_at = time.perf_counter(), utc_now()
         question = clean_text(question)  # e.g. undecodable bytes of a command line: SQLite could not store them
@@ -139,10 +144,10 @@ class Agent:
         grammar = self.limits.grammar.within(self.limits.max_new_tokens) if self.limits.grammar else None
         rules = TurnRules(grammar, await self._tools_required(session, question, tools), self.limits.react_layout,
                           await self._persona(session))
-        conversation = start_conversation(self.limits.mode, history, question, state.tools, rules)
+        conversation = start_conversation(self.limits.mode, history, question, state.tools, rules, pictures)
         # The record's result is a placeholder until the turn ends, one way or the other.
         record = TurnRecord(question, state.result("", TurnStatus.ERROR, started), started_at, self.limits.mode,
-                            user_id, source_key)
+                            user_id, source_key, input_kind)
         try:
             result = await self._run_bounded(conversation, state, question, started)
         except (LLMError, asyncio.CancelledError) as error:

@@ -6,6 +6,10 @@ turns are folded into the session's summary (`session_summaries`, written by age
 model sees starts after the summary's last turn. `reset` forgets the history and its summary; traces stay. Every
 text stored passes the process's redactor first (core/secrets.py): a secret that reached a turn some way (a tool
 echoing it, a user pasting it) is not kept in the database.
+
+A turn records how it was asked (`input_kind`: typed, spoken, or about a photo). A question about a photo is kept in
+the history with a note that a picture came with it, never the picture: a later question ("and the other one?")
+then reads as what it is, and the model does not claim to still see it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from core.secrets import redact
 from db import Database
 
 HISTORY_ROWS_SCANNED = 400  # enough for any sane token budget; keeps the query bounded
+INPUT_KINDS = ("text", "voice", "photo")
+# What the history keeps of a question asked about a picture: a note before its text.
+PICTURE_NOTE = "[image attached to this question; no longer visible] "
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,7 @@ class StoredTurn:
     started_at: str
     duration_ms: int
     steps: list[Step]
+    input_kind: str = "text"
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,12 @@ class TurnRecord:
     mode: str = "react"
     user_id: int | None = None
     source_key: str | None = None
+    input_kind: str = "text"  # one of INPUT_KINDS
+
+    @property
+    def history_question(self) -> str:
+        """The question as the history keeps it (with the note of a picture, for a question about one)."""
+        return PICTURE_NOTE + self.question if self.input_kind == "photo" else self.question
 
 
 @dataclass(frozen=True)
@@ -215,7 +229,7 @@ class Memory:
             if to_history:
                 await conn.executemany(
                     "INSERT INTO messages (session_id, turn_id, role, content) VALUES (?, ?, ?, ?)",
-                    [(session.id, turn_id, "user", redact(record.question)),
+                    [(session.id, turn_id, "user", redact(record.history_question)),
                      (session.id, turn_id, "assistant", redact(record.result.answer))])
         return turn_id
 
@@ -229,16 +243,16 @@ class Memory:
     async def last_turn(self, session_id: str) -> StoredTurn | None:
         """The session's most recent turn with its steps, or None."""
         row = await self.db.fetchone(
-            "SELECT id, question, answer, status, started_at, duration_ms FROM turns "
+            "SELECT id, question, answer, status, started_at, duration_ms, input_kind FROM turns "
             "WHERE session_id = ? ORDER BY id DESC LIMIT 1", (session_id,))
         if row is None:
             return None
         steps = await self.db.fetchall(
             "SELECT position, kind, thought, action, action_input, observation, error, duration_ms "
             "FROM steps WHERE turn_id = ? ORDER BY position", (row["id"],))
-        turn_id, question, answer, status, started_at, duration_ms = row
+        turn_id, question, answer, status, started_at, duration_ms, input_kind = row
         return StoredTurn(turn_id, question, answer, TurnStatus(status), started_at, duration_ms,
-                          [Step(position, StepKind(kind), *rest) for position, kind, *rest in steps])
+                          [Step(position, StepKind(kind), *rest) for position, kind, *rest in steps], input_kind)
 
 
 def _group_by_turn(rows: Sequence[Any]) -> list[list[Message]]:
@@ -264,10 +278,11 @@ async def _insert_turn(conn: Any, session_id: str, record: TurnRecord) -> int:
     result = record.result
     cursor = await conn.execute(
         "INSERT INTO turns (session_id, user_id, source_key, question, answer, status, mode, model_calls, "
-        "prompt_tokens, completion_tokens, started_at, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "prompt_tokens, completion_tokens, started_at, duration_ms, input_kind) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (session_id, record.user_id, record.source_key, redact(record.question), redact(result.answer), result.status,
          record.mode, result.model_calls, result.prompt_tokens, result.completion_tokens, record.started_at,
-         result.duration_ms))
+         result.duration_ms, record.input_kind))
     return int(cursor.lastrowid)
 
 

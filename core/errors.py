@@ -15,6 +15,7 @@ turn can meet into a short apology.
     │   │                            (also a sqlite3.OperationalError)
     │   ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
     │   ├── DatabaseGone             the file was deleted or replaced while the process had it open
+    │   ├── BackupError              a backup cannot be written, or a file cannot be restored (db/backup.py)
     │   ├── DatabaseMissing          no database where its marker says one was created (db/marker.py)
     │   └── SecretKeyError           the key that seals secrets at rest is unusable, or not the one used
     ├── ToolError                    a tool refuses its input; the model reads it (tools/errors.py)
@@ -31,7 +32,14 @@ turn can meet into a short apology.
         │   ├── ModelLoadError
         │   ├── LLMTimeout
         │   ├── LLMCancelled
-        │   └── LLMOutOfMemory
+        │   ├── LLMOutOfMemory
+        │   └── ImagesRefused        the model server refused a picture (a text-only model)
+        ├── SpeechError              a recording could not be turned into text (agent/speech/)
+        │   ├── NotAudio
+        │   ├── AudioTooLong
+        │   ├── SpeechTimeout
+        │   └── SpeechUnavailable
+        ├── NotAnImage               a picture that cannot be read (agent/images.py)
         └── TurnNotSaved             the turn's answer is there, but storing it met a busy database
                                      (also a sqlite3.OperationalError); it carries a way to store it later
 """

@@ -7,6 +7,7 @@
     │                            sqlite3.OperationalError)
     ├── DatabaseInUse            another `qwenbot run` serves the database (db/instance_lock.py)
     ├── DatabaseGone             the file was deleted or replaced while the process had it open
+    ├── BackupError              a backup cannot be written, or a file cannot be restored (db/backup.py)
     ├── DatabaseMissing          no database where its marker says one was created (db/marker.py)
     └── SecretKeyError           the key that seals secrets at rest is unusable, or not the one used
 """
@@ -45,6 +46,10 @@ def is_busy(error: sqlite3.Error) -> bool:
 
 class DatabaseInUse(DatabaseError):
     """Another process holds the database's instance lock, and did not let go within the wait."""
+
+
+class BackupError(DatabaseError):
+    """A backup could not be written, or a file cannot be restored; nothing was replaced."""
 
 
 class DatabaseMissing(DatabaseError):

@@ -41,3 +41,16 @@ async def turn_tools(tmp_path_factory):
     database = await open_database(tmp_path_factory.mktemp("db") / "bot.sqlite3")
     yield await tools_for_turn(build_registry(database))
     await database.close()
+
+
+@pytest.fixture
+def logging_restored():
+    """The root logger's handlers and level put back after a test that runs `qwenbot` in-process (`main` calls
+    configure_logging, whose handler writes to the test's captured stderr, closed once the test ends)."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

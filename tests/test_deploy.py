@@ -36,6 +36,29 @@ def test_the_dockerfile_installs_with_setup_sh_and_migrates_before_running():
     assert ("VOLUME", "/app/data") in instructions and ("USER", "qwenbot") in instructions
 
 
+def test_the_image_takes_its_base_as_an_argument_installs_no_test_extras_and_checks_its_health():
+    instructions = dockerfile_instructions()
+    assert instructions[0] == ("ARG", "BASE_IMAGE=python:3.11-slim") and ("FROM", "${BASE_IMAGE}") in instructions
+    (setup,) = [args for name, args in instructions if name == "RUN" and "scripts/setup.sh" in args]
+    assert "SETUP_EXTRAS= bash scripts/setup.sh" in setup  # no pytest and friends in the image
+    (health,) = [args for name, args in instructions if name == "HEALTHCHECK"]
+    assert health.endswith('CMD [".venv/bin/qwenbot", "health"]')
+    env = " ".join(args for name, args in instructions if name == "ENV")
+    assert "METRICS_PORT=9464" in env and "METRICS_HOST=127.0.0.1" in env  # the endpoint, on loopback only
+    assert "tests" in (ROOT / ".dockerignore").read_text().split()
+
+
+def test_compose_checks_the_bots_health_and_waits_for_a_model_server_beside_it():
+    services = compose()["services"]
+    for name in ("bot", "bot-gpu"):
+        assert services[name]["healthcheck"]["test"] == ["CMD", ".venv/bin/qwenbot", "health"]
+        for server in ("vllm", "ollama"):
+            assert services[name]["depends_on"][server] == {"condition": "service_healthy", "required": False}
+        assert services[name]["environment"]["OPENAI_SERVER_WAIT_SECONDS"].startswith("${OPENAI_SERVER_WAIT_SECONDS:-")
+    for server in ("vllm", "ollama"):
+        assert services[server]["healthcheck"]["test"][0] == "CMD"
+
+
 def test_compose_keeps_the_data_dir_in_a_volume_and_gives_turns_time_to_finish():
     services = compose()["services"]
     for name in ("bot", "bot-gpu"):
@@ -66,5 +89,7 @@ def test_the_systemd_unit_stops_gracefully_and_stops_retrying_a_bad_setting():
     assert service["ExecStartPre"].endswith("/.venv/bin/qwenbot migrate")
     assert int(service["TimeoutStopSec"]) > GRACE and service["KillSignal"] == "SIGTERM"
     assert service["Restart"] == "on-failure"
+    # Ready once serving, and restarted by the watchdog when its health checks fail (bot/program/systemd.py).
+    assert service["Type"] == "notify" and service["NotifyAccess"] == "main" and int(service["WatchdogSec"]) >= 60
     # Exit status 2 is a setting to fix, but also a model server still loading: retried, a bounded number of times.
     assert int(unit["Unit"]["StartLimitBurst"]) * int(service["RestartSec"]) < int(unit["Unit"]["StartLimitIntervalSec"])

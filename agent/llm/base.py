@@ -27,7 +27,7 @@ Message = dict[str, Any]
 TextSink = Callable[[str], None]
 
 # The values of MODEL_DTYPE: `auto` lets the backend choose for the hardware it runs on.
-MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")
 
 
 class Priority(StrEnum):
@@ -100,10 +100,82 @@ class CancelToken:
         return self._event.is_set()
 
 
+@dataclass
+class ModelCounters:
+    """Plain counters of a backend's work since it started, for whoever reports them (the bot's /metrics reads a
+    `snapshot` from another thread). Token counts come from each call's `Completion`, on the event loop; the local
+    engine's batch and speculative counts from its model thread; each count has one writer."""
+
+    generated_tokens: int = 0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_reused: int = 0  # taken from a cached prefix (the engine's prefix store, a server's cache)
+    speculative_proposed: int = 0
+    speculative_accepted: int = 0
+    batches: int = 0
+    batch_rows_total: int = 0  # rows of all the batches started
+    batch_rows: int = 0  # rows of the batch running now
+    queued_jobs: Callable[[], int] | None = None  # model calls waiting now (a backend with a queue sets it)
+
+    def count(self, completion: "Completion") -> "Completion":
+        """Add one call's tokens; returns the completion, for `return llm.counters.count(...)`."""
+        self.generated_tokens += completion.completion_tokens
+        self.prompt_tokens_reused += completion.cached_tokens
+        self.prompt_tokens_computed += max(0, completion.prompt_tokens - completion.cached_tokens)
+        return completion
+
+    def snapshot(self) -> "CountersSnapshot":
+        """The counts now, the queue read at this moment."""
+        return CountersSnapshot(self.generated_tokens, self.prompt_tokens_computed, self.prompt_tokens_reused,
+                                self.speculative_proposed, self.speculative_accepted, self.batches,
+                                self.batch_rows_total, self.batch_rows,
+                                self.queued_jobs() if self.queued_jobs is not None else 0)
+
+
+@dataclass(frozen=True)
+class CountersSnapshot:
+    """`ModelCounters` at one moment."""
+
+    generated_tokens: int
+    prompt_tokens_computed: int
+    prompt_tokens_reused: int
+    speculative_proposed: int
+    speculative_accepted: int
+    batches: int
+    batch_rows_total: int
+    batch_rows: int
+    queued_jobs: int
+
+
+@dataclass(frozen=True)
+class ModelActivity:
+    """Whether a backend's own worker (the local engine's model thread) is alive, has work, and how long ago it
+    last made progress: what a health check needs to call it stuck."""
+
+    alive: bool
+    working: bool  # calls queued or running
+    seconds_since_progress: float  # since its last step (or since it became idle)
+    detail: str = ""
+
+
 class LLM(ABC):
     """An async model backend."""
 
     name: str = "llm"
+
+    @property
+    def counters(self) -> ModelCounters:
+        """This backend's counters (made on first use, so that backends need no constructor call for them)."""
+        if "_counters" not in self.__dict__:
+            self.__dict__["_counters"] = ModelCounters()
+        return self.__dict__["_counters"]
+
+    def activity(self) -> ModelActivity | None:
+        """The state of the backend's own worker thread; None for backends without one (a server, a script)."""
+        return None
+    def sees_images(self) -> bool:
+        """Whether a question's pictures may go to this model (agent/images.py): False for a model that reads text
+        only, as the local engine's models do; the caller then tells the user rather than sending them."""
+        return False
 
     async def start(self) -> None:
         """Load weights, open clients: anything slow that should happen once at start-up."""

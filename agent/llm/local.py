@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import LLMError
-from agent.llm.base import LLM, Completion, ModelRequest
+from agent.llm.base import LLM, Completion, ModelActivity, ModelRequest
 from agent.llm.engine.admission import FairAdmission
 from agent.llm.engine.jobs import Job
 from agent.llm.engine.loading import check_dtype_setting, load_model, resolve_model
@@ -29,13 +29,13 @@ class LocalLLM(LLM):
 
     def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
                  batch_wait_ms: int = 20, min_new_tokens: int = 0, converted_dir: Path | None = None,
-                 prefix_cache_mb: int = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
+                 prefix_cache_mb: int | None = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
                  native_tools: bool = False, speculative: SpeculativeLimits = SpeculativeLimits(),
                  low_priority_rows: int = 1):
         self.model_setting = model
         self.speculative = speculative
         self.converted_dir = converted_dir
-        self.prefix_cache_mb = prefix_cache_mb
+        self.prefix_cache_mb = prefix_cache_mb  # None: sized from the model once loaded (engine/memory.py)
         self.base_dir = base_dir  # where a relative MODEL path is looked for (the data directory)
         self.cache_dir = cache_dir  # where hub models are downloaded to and looked for
         self.native_tools = native_tools  # AGENT_MODE=native: the chat template must render tools
@@ -56,8 +56,9 @@ class LocalLLM(LLM):
                                                 self.cache_dir, self.native_tools),
                              admission=FairAdmission(self.batch_size, self.batch_wait_ms / 1000,
                                                      self.low_priority_rows),
-                             min_new_tokens=self.min_new_tokens, prefix_store_bytes=self.prefix_cache_mb << 20,
-                             speculative=self.speculative)
+                             min_new_tokens=self.min_new_tokens,
+                             prefix_store_bytes=None if self.prefix_cache_mb is None else self.prefix_cache_mb << 20,
+                             speculative=self.speculative, counters=self.counters)
         loaded = await thread.start()
         # A copy is a separate Rust object, so the loop and the model thread never share a tokenizer. Copying
         # here is safe: no job can reach the model thread before `self._thread` is set below.
@@ -83,10 +84,14 @@ class LocalLLM(LLM):
                   priority=request.priority)
         self._thread.submit(job)
         try:
-            return await job.future
+            return self.counters.count(await job.future)
         except asyncio.CancelledError:
             job.own_cancel.cancel()  # the row stops at its next step; the other rows go on
             raise
+
+    def activity(self) -> ModelActivity | None:
+        """The model thread's state (alive, working, last step), once started."""
+        return self._thread.activity() if self._thread is not None else None
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` for this model, counted with the event loop's own tokenizer."""

@@ -11,13 +11,21 @@ connections, honouring the server's Retry-After.
 
 At start-up `GET /models` tells "not running" (connection refused, no such host) from "busy" (the connection opens
 but the answer does not come: llama.cpp's Python server answers it only between generations); a busy server is
-asked again, with growing patience, for up to `startup_seconds`.
+asked again, with growing patience, for up to `startup_seconds`. A server that refuses the connection fails the
+start at once, unless `server_wait_seconds` gives it time: vLLM and Ollama in a container beside the bot listen only
+once they are up (vLLM once its model is loaded, minutes), so the bot tries again every few seconds, saying so in
+the log, for that long. A host that does not exist fails at once either way.
 
 With `grammar` (OPENAI_GRAMMAR) each step's grammar goes with the request, in the field the server takes: vLLM's
 structured outputs, SGLang's `ebnf`, llama.cpp's `grammar` (the latter two in llguidance's Lark, which they accept
 when served with llguidance). A server that refuses it (400 or 422 with a grammar attached) gets the same request
 again without one, and no grammar after that: the bot keeps answering, unconstrained, and says so once in the log.
 A refusal is a status, which comes before any text, so nothing of the refused attempt was streamed.
+
+Pictures (agent/images.py) go as `image_url` parts of the question's message when the model can see
+(OPENAI_VISION): `on` says it can, `off` that it cannot (the bot then tells the user so, and sends nothing), and
+`auto` sends them until the server refuses a request carrying one (400 or 422, as vLLM and SGLang answer for a
+text-only model); that refusal is `ImagesRefused`, and no picture is sent after it (one warning in the log).
 """
 
 from __future__ import annotations
@@ -35,8 +43,9 @@ import httpx
 import openai
 from openai import AsyncOpenAI
 
-from agent.errors import LLMCancelled, LLMError, LLMTimeout
+from agent.errors import ImagesRefused, LLMCancelled, LLMError, LLMTimeout
 from agent.grammar import Grammar
+from agent.images import text_of
 from agent.llm.base import (LLM, CancelToken, Completion, Message, ModelRequest, Priority, TextSink, ToolCall,
                             trim_at_stop)
 from agent.llm.openai_stream import StreamedReply, StreamLimits
@@ -54,10 +63,14 @@ GRAMMAR_FIELDS: dict[str, Callable[[Grammar], dict[str, Any]]] = {
 # Statuses that mean "not this request", as a server answers a grammar it does not take.
 GRAMMAR_REFUSALS = (400, 422)
 POLL_SECONDS = 0.05  # how often a waiting call looks at its CancelToken
+SERVER_WAIT_PAUSE_SECONDS = 5.0  # between tries at a server that refuses connections while it starts
 FIRST_PROBE_SECONDS = 5.0  # the first start-up check's patience; each later one waits twice as long
 BUSY_PAUSE_SECONDS = 1.0  # after a "busy" status (503, 429), the first pause before asking again; it doubles
 MAX_MESSAGE_CHARS = 300  # a server's error text is cut to this, so our error stays one readable line
 BUSY_STATUSES = (408, 429, 502, 503, 504)  # answers of a server that is up but cannot answer yet
+VISION_SETTINGS = ("auto", "on", "off")
+# Statuses that mean "not this request", as a server answers a picture its model cannot take.
+IMAGE_REFUSALS = (400, 422)
 
 T = TypeVar("T")
 
@@ -75,18 +88,24 @@ class OpenAILLM(LLM):
         api_key: str = "EMPTY",
         limits: StreamLimits = StreamLimits(),
         startup_seconds: float = 60.0,
+        server_wait_seconds: float = 0.0,
         max_retries: int = 3,
         count_tokens: TokenCounter = estimate_tokens,
         grammar: str = "off",
         low_priority_concurrency: int = 1,
+        vision: str = "auto",
     ) -> None:
         if grammar != "off" and grammar not in GRAMMAR_FIELDS:
             raise ValueError(f"unknown grammar style {grammar!r}")
+        if vision not in VISION_SETTINGS:
+            raise ValueError(f"unknown vision setting {vision!r}")
         self.base_url = base_url
+        self.vision = vision  # "off" once the server has refused a picture in "auto"
         self.grammar_style = grammar  # "off" once the server has refused one
         self.model = model
         self.limits = limits
         self.startup_seconds = startup_seconds
+        self.server_wait_seconds = server_wait_seconds  # how long a server that refuses connections may take to start
         self._api_key = api_key or "EMPTY"  # local servers ignore the key, but the client insists on one
         self._count = count_tokens
         # Background calls (Priority.LOW: summaries) go through their own narrow lane, so that however many are due
@@ -99,12 +118,33 @@ class OpenAILLM(LLM):
                                    timeout=httpx.Timeout(None, connect=limits.connect_seconds))
 
     @property
+    def sees_images(self) -> bool:
+        """Whether pictures are sent: OPENAI_VISION on, or auto until the server refused one."""
+        return self.vision != "off"
+
+    @property
     def url(self) -> str:
         """The server's address as it may be shown in messages and logs (no credentials)."""
         return _without_credentials(self.base_url)
 
     async def start(self) -> None:
-        """Check the server answers `GET /models`, waiting for a busy one; a wrong address fails in one line."""
+        """Check the server answers `GET /models`, waiting for a busy one, and for one still starting (refusing
+        connections) up to `server_wait_seconds`; a wrong address fails in one line."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.server_wait_seconds
+        while True:
+            try:
+                return await self._wait_while_busy()
+            except _Refused as refused:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise refused.error from None
+                log.warning("the model server at %s refuses connections (still starting?); trying again in %g s, "
+                            "up to %.0f s more (OPENAI_SERVER_WAIT_SECONDS)", self.url,
+                            min(SERVER_WAIT_PAUSE_SECONDS, left), left)
+                await asyncio.sleep(min(SERVER_WAIT_PAUSE_SECONDS, left))
+
+    async def _wait_while_busy(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_seconds
         patience, pause = FIRST_PROBE_SECONDS, BUSY_PAUSE_SECONDS
@@ -132,8 +172,11 @@ class OpenAILLM(LLM):
                                f"{self.limits.connect_seconds:g} s (is the host up?)") from None
             return _Busy(f"no answer to GET /models within {patience:g} s", answered=False)
         except openai.APIConnectionError as error:
-            raise LLMError(f"cannot reach the model server at {self.url}: {self._reason(error)} "
-                           f"(is it running?)") from None
+            failure = LLMError(f"cannot reach the model server at {self.url}: {self._reason(error)} "
+                               f"(is it running?)")
+            if _refused(error):
+                raise _Refused(failure) from None
+            raise failure from None
         except openai.APIStatusError as error:
             return self._status_at_start(error)
         self._check_model_listed([model.id for model in page.data])
@@ -208,7 +251,13 @@ class OpenAILLM(LLM):
             self.grammar_style = "off"
             del body["extra_body"]
             reply = await self._read_stream(body, request.cancel, request.on_text)
-        return self._completion(reply, body["messages"], request.stop)
+        return self.counters.count(self._completion(reply, body["messages"], request.stop))
+
+    def _images_refused(self, reason: str) -> ImagesRefused:
+        if self.vision == "auto":
+            log.warning("%s; the model reads text only: sending no picture (OPENAI_VISION=auto) from now on", reason)
+            self.vision = "off"
+        return ImagesRefused(f"{reason}: the model {self.model} reads text only (OPENAI_VISION={self.vision})")
 
     async def _read_stream(self, request: dict[str, Any], cancel: CancelToken | None,
                            on_text: TextSink | None) -> StreamedReply:
@@ -234,6 +283,8 @@ class OpenAILLM(LLM):
         except openai.APIStatusError as error:
             if "extra_body" in request and error.status_code in GRAMMAR_REFUSALS:
                 raise _GrammarRefused(f"{self._describe_status(error)} to a request with a grammar") from None
+            if error.status_code in IMAGE_REFUSALS and carries_pictures(request["messages"]):
+                raise self._images_refused(f"{self._describe_status(error)} to a request with a picture") from None
             raise LLMError(self._describe_status(error)) from None
         except openai.OpenAIError as error:
             raise LLMError(f"model server at {self.url} failed: {self._one_line(str(error))}") from None
@@ -278,7 +329,7 @@ class OpenAILLM(LLM):
         usage = reply.usage
         return Completion(
             text=text,
-            prompt_tokens=usage.prompt_tokens if usage else sum(self._count(str(m.get("content") or "")) for m in sent),
+            prompt_tokens=usage.prompt_tokens if usage else sum(self._count(text_of(m.get("content"))) for m in sent),
             completion_tokens=usage.completion_tokens if usage else self._count(text),
             finish_reason="length" if reply.finish_reason == "length" and not stopped else "stop",
             tool_calls=tuple(ToolCall(name=clean_text(name), arguments=clean_text(arguments), id=call_id)
@@ -340,10 +391,31 @@ def fold_assistant_prefix(messages: Sequence[Message]) -> list[Message]:
     if not prefix:
         return folded  # nothing to continue: an empty prefix is just a new assistant turn
     if folded and folded[-1].get("role") == "user":
-        folded[-1]["content"] = f"{folded[-1].get('content') or ''}\n{prefix}"
+        folded[-1]["content"] = _continued(folded[-1].get("content"), prefix)
     else:
         folded.append({"role": "user", "content": prefix})  # no question to attach it to: send it on its own
     return folded
+
+
+def _continued(content: Any, prefix: str) -> Any:
+    """A user message's content with the assistant prefix after its text: in its last text part when the content
+    is a list of parts (a question with a picture)."""
+    if not isinstance(content, list):
+        return f"{content or ''}\n{prefix}"
+    parts = [dict(part) for part in content]
+    texts = [index for index, part in enumerate(parts) if part.get("type") == "text"]
+    if not texts:
+        return [*parts, {"type": "text", "text": prefix}]
+    last = parts[texts[-1]]
+    last["text"] = f"{last.get('text') or ''}\n{prefix}"
+    return parts
+
+
+def carries_pictures(messages: Sequence[Message]) -> bool:
+    """Whether any message holds a picture part."""
+    return any(isinstance(message.get("content"), list) and
+               any(isinstance(part, dict) and part.get("type") == "image_url" for part in message["content"])
+               for message in messages)
 
 
 def _with_tool_call_ids(messages: list[Message]) -> list[Message]:
@@ -393,3 +465,21 @@ def _without_credentials(url: str) -> str:
     if parts.username is None and parts.password is None:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+class _Refused(Exception):
+    """The server refused the connection: nothing listens there (yet)."""
+
+    def __init__(self, error: LLMError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether a connection error was the other end refusing (nothing listening), not a name or route failure."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

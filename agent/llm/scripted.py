@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence, Union
 
 from agent.errors import LLMCancelled, LLMError
 from agent.grammar import Grammar
+from agent.images import text_of
 from agent.llm.base import LLM, CancelToken, Completion, Message, ModelRequest, Priority, TextSink, trim_at_stop
 from agent.tokens import TokenCounter, estimate_tokens
 
@@ -43,12 +44,18 @@ class Request:
     @property
     def last_content(self) -> str:
         """The text of the final message (the ReAct prompt plus trace, in ReAct mode)."""
-        return str(self.messages[-1].get("content") or "")
+        return text_of(self.messages[-1].get("content"))
 
     @property
     def text(self) -> str:
         """Every message's content joined, for 'does the prompt mention X' assertions."""
-        return "\n".join(str(m.get("content") or "") for m in self.messages)
+        return "\n".join(text_of(m.get("content")) for m in self.messages)
+
+    @property
+    def pictures(self) -> list[dict[str, Any]]:
+        """The picture parts the messages carry, in order."""
+        return [part for m in self.messages if isinstance(m.get("content"), list)
+                for part in m["content"] if part.get("type") == "image_url"]
 
 
 Reply = Union[str, Completion, BaseException, Callable[[Request], Union[str, Completion]]]
@@ -71,9 +78,11 @@ class ScriptedLLM(LLM):
     name = "scripted"
 
     def __init__(self, replies: Sequence[Reply] = (), *, delay: float = 0.0, token_seconds: float = 0.0,
-                 count_tokens: TokenCounter = estimate_tokens, background: Reply = DEFAULT_BACKGROUND_REPLY):
+                 count_tokens: TokenCounter = estimate_tokens, background: Reply = DEFAULT_BACKGROUND_REPLY,
+                 sees_images: bool = False):
         self.replies = list(replies)
         self.background = background
+        self.vision = sees_images  # tests of questions about pictures script a model that can see
         self.delay = delay
         self.token_seconds = token_seconds
         self.requests: list[Request] = []
@@ -89,6 +98,11 @@ class ScriptedLLM(LLM):
         if not isinstance(replies, list) or not all(isinstance(r, str) for r in replies):
             raise LLMError(f"{path} must hold a JSON list of strings")
         return cls(replies, **kwargs)
+
+    @property
+    def sees_images(self) -> bool:
+        """Whether the scripted model plays one that can see (`sees_images=`)."""
+        return self.vision
 
     def add(self, *replies: Reply) -> None:
         """Queue more replies."""
@@ -109,7 +123,7 @@ class ScriptedLLM(LLM):
         completion = self._next_completion(recorded, request.messages, request.stop)
         if request.on_text is not None:
             await self._stream(completion.text, request.on_text, request.cancel)
-        return completion
+        return self.counters.count(completion)
 
     def _next_completion(self, request: Request, messages: Sequence[Message], stop: Sequence[str]) -> Completion:
         if request.priority == Priority.LOW:
@@ -125,7 +139,7 @@ class ScriptedLLM(LLM):
         if isinstance(reply, Completion):
             return reply
         text, stopped = trim_at_stop(reply, stop)
-        prompt_tokens = sum(self._count(str(m.get("content") or "")) for m in messages)
+        prompt_tokens = sum(self._count(text_of(m.get("content"))) for m in messages)
         return Completion(text, prompt_tokens, self._count(text), "stop" if stopped or text == reply else "length")
 
     async def _stream(self, text: str, on_text: TextSink, cancel: CancelToken | None) -> None:

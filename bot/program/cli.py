@@ -1,5 +1,5 @@
 """The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), export (a
-session's history), migrate, tools, mcp, docs, doctor.
+session's history), transcribe (a recording), migrate, tools, mcp, docs, doctor, backup, restore, health.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
+from agent.errors import SpeechError
 from agent.memory import Memory, Session
 from agent.traces import render_trace
 from bot.program.audit import audit
@@ -29,10 +30,12 @@ from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
 from bot.program.retrieval import (DEFAULT_K, corpus_files, default_corpus, evaluate_retrieval, load_retrieval_cases,
                                    retrieval_summary)
-from bot.program.services import docs_tools, document_library, mcp_hub, open_settings_database, start_services
+from bot.program.services import (build_transcriber, docs_tools, document_library, mcp_hub, open_settings_database,
+                                   start_services)
 from bot.program.terminal import CHAT_GREETING, PromptReader, answer_once, chat_loop, make_reader, make_view
 from core.errors import BotError
 from db import Database
+from db.backup import backup_database, restore_database
 from tools import build_registry
 from tools.docs_convert import SUFFIXES
 from tools.docs_index import DEFAULT_FORM, FORMS
@@ -94,8 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("session", help="the session id: tg:<chat id> (a topic adds :<topic id>), cli:chat, …")
     export.add_argument("--no-steps", action="store_true", help="leave each turn's steps out")
     commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
+    transcribe = commands.add_parser("transcribe", help="print what a recording says, with the speech backend the "
+                                                        "bot uses (ASR_BACKEND, ASR_MODEL)")
+    transcribe.add_argument("file", type=Path, help="a recording: a Telegram voice note (.oga), .ogg, .mp3, .wav, …")
     add_mcp_parser(commands)
     add_docs_parser(commands)
+    add_backup_parsers(commands)
     return parser
 
 
@@ -129,6 +136,17 @@ def add_docs_parser(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--chat", default=GLOBAL, help="search as this chat key sees (default: global documents)")
 
 
+def add_backup_parsers(commands: argparse._SubParsersAction) -> None:
+    """`qwenbot backup PATH` (safe while the bot runs) and `qwenbot restore PATH` (only while it does not)."""
+    backup = commands.add_parser("backup", help="copy the database to PATH, safely while the bot runs")
+    backup.add_argument("path", help="the backup file, or a folder (existing, or ending in /) to put a dated file in")
+    restore = commands.add_parser("restore", help="replace the database with the backup at PATH (the bot stopped); "
+                                                  "the old one is kept as <database>.before-restore")
+    restore.add_argument("path", type=Path, help="a file written by qwenbot backup")
+    commands.add_parser("health", help="ask the running bot's /healthz (METRICS_PORT); exit 0 when healthy, 1 when "
+                                       "not: for container healthchecks and timers")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `qwenbot` console script."""
     args = build_parser().parse_args(argv)
@@ -138,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return doctor_main()
     try:
         settings = Settings.from_env()
-        configure_logging(settings.logging.log_level, secrets=settings.secrets())
+        configure_logging(settings.logging.log_level, secrets=settings.secrets(),
+                          log_format=settings.logging.log_format)
         return COMMANDS[args.command](settings, args)
     except USER_ERRORS as error:
         # A token pasted into the wrong variable may be part of the message (a path, say): never show it.
@@ -347,6 +366,69 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(job)
 
 
+def transcribe_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Print the transcript of a recording (stdout), and its language and length (stderr); a file that is not a
+    recording, or a backend that cannot transcribe, is one line and exit status 2."""
+    transcriber = build_transcriber(settings)
+    if transcriber is None:
+        why = " and faster-whisper is not installed" if settings.voice.asr_backend == "auto" else ""
+        raise ConfigError(f"speech is off (ASR_BACKEND={settings.voice.asr_backend}{why})")
+    data = args.file.read_bytes()  # a missing file is an OSError: one line
+
+    async def job() -> int:
+        try:
+            transcript = await transcriber.transcribe(data)
+        except SpeechError as error:
+            raise type(error)(f"{args.file}: {error}") from None
+        finally:
+            await transcriber.close()
+        print(transcript.text)
+        print(f"({transcript.language or 'language not given'}, {transcript.audio_seconds:.1f} s of audio)",
+              file=sys.stderr)
+        return 0
+    return run_async(job)
+
+
+def backup_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Copy the database at DATABASE_PATH to PATH with SQLite's online backup; print where and how large."""
+    storage = settings.storage
+    report = backup_database(storage.database_path, args.path,
+                             busy_timeout_seconds=storage.database_busy_timeout_seconds)
+    print(f"backed up {storage.database_path} to {report.path} ({report.size_bytes:,} bytes, schema "
+          f"{report.schema}, integrity ok)")
+    return 0
+
+
+def restore_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Replace the database at DATABASE_PATH with a backup, unless a bot serves it; print what was kept."""
+    report = restore_database(args.path, settings.storage.database_path)
+    print(f"restored {report.path} from {args.path} (schema {report.schema}, integrity ok)")
+    if report.previous is not None:
+        print(f"the database as it was is kept in {report.previous}")
+    if report.pending:
+        print(f"{len(report.pending)} newer migration(s) apply at the next start or `qwenbot migrate`: "
+              f"{', '.join(report.pending)}")
+    return 0
+
+
+def health_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Ask the running bot's /healthz; print what it says; 0 when healthy, 1 when not (or when nothing answers)."""
+    import httpx
+
+    metrics = settings.metrics
+    if not metrics.metrics_port:
+        raise ConfigError("the health endpoint is off: set METRICS_PORT (and restart the bot) to ask it")
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(metrics.metrics_host, metrics.metrics_host)
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{metrics.metrics_port}/healthz"
+    try:
+        response = httpx.get(url, timeout=metrics.health_check_timeout_seconds * 3)
+    except httpx.HTTPError as error:
+        print(f"unhealthy: nothing answers at {url} ({error})")
+        return 1
+    print(response.text.rstrip())
+    return 0 if response.status_code == 200 else 1
+
+
 def cli_session(session_id: str) -> Session:
     """A terminal session: its own history, tool settings of the 'cli' chat."""
     return Session(id=session_id, chat_key="cli", kind="cli")
@@ -404,7 +486,11 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "chat": chat_command,
     "eval": eval_command,
     "export": export_command,
+    "transcribe": transcribe_command,
     "docs": docs_command,
+    "backup": backup_command,
+    "restore": restore_command,
+    "health": health_command,
 }
 
 if __name__ == "__main__":

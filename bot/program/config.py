@@ -4,10 +4,11 @@
     settings.agent.max_steps                 MAX_STEPS
 
 `Settings` is one frozen object made of small frozen groups (telegram, webhook, access, storage, model, engine,
-openai, scripted, agent, memory, tools, docs, turns, quotas, conversations, streaming, mcp, logging, doctor), each
-the one place of its defaults. A field is named as its variable in lower case, so the variables never changed with
-the grouping and a grep for either finds both. Where a component of `agent/` or `tools/` has a limits class
-(`AgentLimits`, `GrammarLimits`, `SpeculativeLimits`, `StreamLimits`, `McpLimits`, `DocsLimits`, `SummaryLimits`) or
+openai, scripted, agent, memory, tools, docs, turns, quotas, conversations, streaming, voice, images, mcp, logging,
+metrics, doctor), each the one place of its defaults. A field is named as its variable in lower case, so the
+variables never changed with the grouping and a grep for either finds both. Where a component of `agent/` or `tools/`
+has a limits class (`AgentLimits`, `GrammarLimits`, `SpeculativeLimits`, `StreamLimits`, `SpeechLimits`,
+`McpLimits`, `DocsLimits`, `SummaryLimits`) or
 a named default, the group takes its default from there, so each default is written once; bot/program/services.py
 builds those classes from the groups by keyword.
 
@@ -31,8 +32,10 @@ from agent.llm.engine.speculative import SpeculativeLimits
 from agent.llm.openai_stream import StreamLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
+from agent.speech.base import SpeechLimits
 from agent.summaries import SummaryLimits
 from bot.program.env import ConfigError, not_negative, one_of, parse, positive, shown
+from bot.program.logs import LOG_FORMATS
 from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
 from core.secrets import url_secrets
 from db.secret_box import key_file_beside
@@ -46,6 +49,9 @@ __all__ = ["ConfigError", "Settings"]
 LLM_BACKENDS = ("local", "openai", "scripted")
 AGENT_MODES = ("react", "native")
 OPENAI_GRAMMARS = ("off", "vllm", "sglang", "llama.cpp")
+OPENAI_VISIONS = ("auto", "on", "off")
+ASR_BACKENDS = ("auto", "local", "openai", "off")
+ASR_DEVICES = ("cpu", "cuda", "auto")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 TELEGRAM_DOCUMENT_MAX_BYTES = 50_000_000  # the Bot API's limit for a document a bot sends
 # Settings that no longer exist, and what replaced them: a .env that still sets one is told, not silently ignored.
@@ -64,6 +70,11 @@ class TelegramSettings:
     telegram_base_file_url: str = ""  # where files are downloaded from; empty: TELEGRAM_BASE_URL's …/bot as …/file/bot
     telegram_messages_per_second: float = 30.0
     telegram_group_messages_per_minute: float = 20.0
+    telegram_download_timeout_seconds: float = 60.0
+
+    def validate(self) -> None:
+        """Refuse a download time limit that is not positive."""
+        positive(self, ("telegram_download_timeout_seconds",))
 
     def file_url(self) -> str:
         """Where the bot downloads files (getFile's paths): TELEGRAM_BASE_FILE_URL, else TELEGRAM_BASE_URL with its
@@ -165,15 +176,29 @@ class EngineSettings:
 
     batch_size: int = 8
     batch_wait_ms: int = 20
-    prefix_cache_mb: int = 512
+    prefix_cache_mb: str = "auto"  # auto: the KV of PREFIX_CACHE_TOKENS tokens of the model (engine/memory.py)
     speculative_tokens: int = SpeculativeLimits.per_row
     speculative_step_tokens: int = SpeculativeLimits.per_step
     low_priority_rows: int = 1
 
     def validate(self) -> None:
-        """Refuse an empty batch and negative sizes."""
+        """Refuse an empty batch, negative sizes, a prefix store size that is neither auto nor MiB."""
         positive(self, ("batch_size", "low_priority_rows"))
-        not_negative(self, ("batch_wait_ms", "prefix_cache_mb", "speculative_tokens", "speculative_step_tokens"))
+        not_negative(self, ("batch_wait_ms", "speculative_tokens", "speculative_step_tokens"))
+        self.prefix_cache_megabytes()
+
+    def prefix_cache_megabytes(self) -> int | None:
+        """PREFIX_CACHE_MB as MiB, or None for auto (sized from the model once it is loaded)."""
+        if self.prefix_cache_mb.strip().lower() == "auto":
+            return None
+        try:
+            size = int(self.prefix_cache_mb)
+        except ValueError:
+            size = -1
+        if size < 0:
+            raise ConfigError(f"PREFIX_CACHE_MB must be auto or a whole number of MiB (0: off), "
+                              f"got {shown(self.prefix_cache_mb)}")
+        return size
 
 
 @dataclass(frozen=True)
@@ -187,16 +212,19 @@ class OpenAISettings:
     openai_first_token_seconds: float = StreamLimits.first_token_seconds
     openai_silence_seconds: float = StreamLimits.silence_seconds
     openai_startup_seconds: float = 60.0
+    openai_server_wait_seconds: float = 0.0
     openai_max_retries: int = 3
     openai_grammar: str = "off"
     openai_low_priority_concurrency: int = 1
+    openai_vision: str = "auto"
 
     def validate(self) -> None:
-        """Refuse deadlines that are not positive, negative retries, an unknown grammar dialect."""
+        """Refuse deadlines that are not positive, negative retries, an unknown grammar dialect or vision value."""
         one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
+        one_of("OPENAI_VISION", self.openai_vision, OPENAI_VISIONS)
         positive(self, ("openai_connect_timeout_seconds", "openai_first_token_seconds", "openai_silence_seconds",
                         "openai_startup_seconds", "openai_low_priority_concurrency"))
-        not_negative(self, ("openai_max_retries",))
+        not_negative(self, ("openai_max_retries", "openai_server_wait_seconds"))
 
 
 @dataclass(frozen=True)
@@ -357,6 +385,43 @@ class StreamingSettings:
 
 
 @dataclass(frozen=True)
+class VoiceSettings:
+    """Questions asked by voice: the speech-to-text backend, its model, and the limits of a recording (defaults of
+    the limits from `SpeechLimits`, agent/speech/base.py)."""
+
+    asr_backend: str = "auto"  # auto: local when faster-whisper is installed, else off
+    asr_model: str = "base"
+    asr_language: str = ""
+    asr_device: str = "cpu"
+    asr_compute_type: str = "int8"
+    asr_cpu_threads: int = 2
+    asr_base_url: str = ""
+    asr_api_key: str = ""
+    asr_max_seconds: float = SpeechLimits.max_seconds
+    asr_max_file_mb: float = SpeechLimits.max_file_mb
+    asr_timeout_seconds: float = SpeechLimits.timeout_seconds
+
+    def validate(self) -> None:
+        """Refuse an unknown backend or device, and limits that are not positive."""
+        one_of("ASR_BACKEND", self.asr_backend, ASR_BACKENDS)
+        one_of("ASR_DEVICE", self.asr_device, ASR_DEVICES)
+        positive(self, ("asr_max_seconds", "asr_max_file_mb", "asr_timeout_seconds"))
+        not_negative(self, ("asr_cpu_threads",))
+
+
+@dataclass(frozen=True)
+class ImagesSettings:
+    """Questions about a picture: how large a picture may be downloaded, and the size it is shrunk to."""
+
+    image_max_side: int = 1024
+    image_max_file_mb: float = 20.0
+
+    def validate(self) -> None:
+        """Refuse sizes that are not positive."""
+        positive(self, ("image_max_side", "image_max_file_mb"))
+
+
+@dataclass(frozen=True)
 class McpSettings:
     """MCP servers: the config file, and the limits of `McpLimits` (tools/mcp.py) for their defaults."""
 
@@ -375,13 +440,34 @@ class McpSettings:
 
 @dataclass(frozen=True)
 class LoggingSettings:
-    """How much the log says."""
+    """How much the log says, and in which form."""
 
     log_level: str = "INFO"
+    log_format: str = "text"
 
     def validate(self) -> None:
-        """logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here."""
+        """logging.basicConfig raises (a traceback) on an unknown level name, so refuse it here; and a format
+        that is not text or json."""
         one_of("LOG_LEVEL", self.log_level.upper(), LOG_LEVELS)
+        one_of("LOG_FORMAT", self.log_format, LOG_FORMATS)
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The Prometheus and health endpoint (/metrics, /healthz; off unless METRICS_PORT is set), and what /healthz
+    calls unwell."""
+
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    health_model_stall_seconds: float = 300.0
+    health_telegram_seconds: float = 60.0
+    health_check_timeout_seconds: float = 5.0
+
+    def validate(self) -> None:
+        """Refuse a port that cannot be, and limits that are not positive."""
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"METRICS_PORT must be 0 (off) or a port up to 65535, got {self.metrics_port}")
+        positive(self, ("health_model_stall_seconds", "health_telegram_seconds", "health_check_timeout_seconds"))
 
 
 @dataclass(frozen=True)
@@ -417,8 +503,11 @@ class Settings:
     quotas: QuotasSettings = field(default_factory=QuotasSettings)
     conversations: ConversationsSettings = field(default_factory=ConversationsSettings)
     streaming: StreamingSettings = field(default_factory=StreamingSettings)
+    voice: VoiceSettings = field(default_factory=VoiceSettings)
+    images: ImagesSettings = field(default_factory=ImagesSettings)
     mcp: McpSettings = field(default_factory=McpSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     doctor: DoctorSettings = field(default_factory=DoctorSettings)
 
     def __post_init__(self) -> None:
@@ -491,10 +580,11 @@ class Settings:
 
     def secrets(self) -> list[str]:
         """Every secret the settings hold, for the redactor (core/secrets.py): the bot token, the webhook secret,
-        the OpenAI API key, and the credentials in the Bot API, webhook and OpenAI URLs."""
-        urls = (self.telegram.telegram_base_url, self.webhook.webhook_url, self.openai.openai_base_url)
+        the OpenAI and speech API keys, and the credentials in the Bot API, webhook, OpenAI and speech URLs."""
+        urls = (self.telegram.telegram_base_url, self.webhook.webhook_url, self.openai.openai_base_url,
+                self.voice.asr_base_url)
         return [self.telegram.telegram_bot_token, self.webhook.webhook_secret_token, self.openai.openai_api_key,
-                *(secret for url in urls for secret in url_secrets(url))]
+                self.voice.asr_api_key, *(secret for url in urls for secret in url_secrets(url))]
 
     def require_telegram_token(self) -> None:
         """`qwenbot run` cannot start without a token; say so in one line."""

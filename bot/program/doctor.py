@@ -11,8 +11,11 @@ and tokenizer are), and the model server gets one request of one token.
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import shutil
 import sqlite3
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -159,15 +162,79 @@ def take_write_lock(path: Path) -> None:
 
 
 def database_error(path: Path, error: sqlite3.Error) -> Check:
-    """A failed database check, with the fix for what SQLite said."""
+    """A failed database check, with the fix for what SQLite said. A file that cannot be written, or sits in a folder
+    that cannot be, is said to be so: moving a good database away would only lose it."""
     text = str(error)
+    if (unwritable := why_unwritable(path)) is not None:
+        return fail("database", f"{path}: {text}: {unwritable.found}", unwritable.fix)
+    code = getattr(error, "sqlite_errorcode", 0) & 0xFF
     if "locked" in text or "busy" in text:
         fix = "another process holds the database's write lock: is another qwenbot running? stop it first"
-    elif "readonly" in text or "read-only" in text:
-        fix = "let this user write the database file and its folder (owner, permissions)"
-    else:
+    elif code == sqlite3.SQLITE_NOTADB:
         fix = "DATABASE_PATH must name the bot's SQLite file: move this file away and run `qwenbot migrate`"
+    elif code == sqlite3.SQLITE_CORRUPT:
+        fix = "the file is damaged: restore the last backup with `qwenbot restore PATH` (docs/operations.md)"
+    else:
+        fix = "see what SQLite said above; `qwenbot doctor` again once it is dealt with"
     return fail("database", f"{path}: {text}", fix)
+
+
+@dataclass(frozen=True)
+class Unwritable:
+    """Why a path cannot be written, and what to change."""
+
+    found: str
+    fix: str
+
+
+def why_unwritable(path: Path) -> Unwritable | None:
+    """Whether the database file or its folder refuses writes (SQLite creates `-wal` and `-shm` beside the file), and
+    why; None when both take a write. Tried for real, as root is not bound by permission bits."""
+    folder = path.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".doctor-"):
+            pass
+    except OSError as error:
+        return unwritable(folder, error, f"SQLite must create {path.name}-wal and {path.name}-shm in it")
+    try:
+        os.close(os.open(path, os.O_RDWR))
+    except OSError as error:
+        return unwritable(path, error, "the database file itself")
+    return None
+
+
+def unwritable(where: Path, error: OSError, role: str) -> Unwritable:
+    """What a refused write to `where` means, by its errno, and what to change (the database stays where it is)."""
+    if error.errno == errno.EROFS:
+        return Unwritable(f"{where} is on a read-only mount ({mount_point(where)}; {role})",
+                          "remount it read-write (a container: mount the data volume without :ro); the database "
+                          "itself needs no change")
+    if error.errno == errno.EACCES:
+        owner = owner_and_mode(where)
+        return Unwritable(f"this user (uid {os.geteuid()}) may not write {where} ({owner}; {role})",
+                          f"give this user write access to {where} (chown to the user the bot runs as, or chmod "
+                          f"u+w), or run the bot as its owner")
+    if error.errno == errno.EPERM:
+        return Unwritable(f"{where} refuses writes even to its owner ({role}): an immutable or append-only "
+                          f"attribute (`lsattr -d {where}` shows i or a)", f"remove it: chattr -i -a {where}")
+    return Unwritable(f"{where} cannot be written: {error.strerror or error} ({role})",
+                      f"make {where} writable for this user (owner, permissions, mount options)")
+
+
+def owner_and_mode(where: Path) -> str:
+    try:
+        status = where.stat()
+    except OSError:
+        return "owner unknown"
+    return f"owner uid {status.st_uid}, mode {stat.S_IMODE(status.st_mode):04o}"
+
+
+def mount_point(where: Path) -> Path:
+    """The mount point of the filesystem holding `where`."""
+    where = where.resolve()
+    while where != where.parent and os.path.ismount(where) is False:
+        where = where.parent
+    return where
 
 
 def check_vocabulary(settings: Settings) -> Check:
@@ -229,10 +296,11 @@ def check_local_model(settings: Settings) -> list[Check]:
     try:
         source = resolve_model(settings.model.model, settings.storage.data_dir)
         options = load_options(source, settings.model.model_cache_dir)
-        tokenizer = load_config_and_tokenizer(source.location, options)
+        config, tokenizer = load_config_and_tokenizer(source.location, options)
     except ModelLoadError as error:
         return [fail("model", str(error), MODEL_FIX)]
-    checks = [ok("model", f"{settings.model.model} loads ({describe_source(source, options)})")]
+    checks = [ok("model", f"{settings.model.model} loads ({describe_source(source, options)})"),
+              memory_line(settings, config)]
     if not getattr(tokenizer, "chat_template", None):
         return checks + [fail("template", "the tokenizer has no chat template (a base model?)",
                               "use an instruct/chat model, e.g. Qwen/Qwen2.5-1.5B-Instruct")]
@@ -246,13 +314,46 @@ def check_local_model(settings: Settings) -> list[Check]:
 MODEL_FIX = "check MODEL (docs/models.md: Choosing a model and hardware)"
 
 
-def load_config_and_tokenizer(location: str, options: dict[str, Any]) -> Any:
+def memory_line(settings: Settings, config: Any) -> Check:
+    """The memory the engine is expected to hold with this model, dtype, batch and prefix store (engine/memory.py),
+    against what the machine has available."""
+    from agent.llm.engine.loading import resolved_mode
+    from agent.llm.engine.memory import plan
+
+    mode, float_bytes = resolved_mode(settings.model.model_dtype, on_gpu=False)
+    try:
+        expected = plan(config, mode, float_bytes=float_bytes, batch_size=settings.engine.batch_size,
+                        prefix_cache_mb=settings.engine.prefix_cache_megabytes())
+    except AttributeError as error:  # a config without the usual sizes: say so, do not guess
+        return ok("memory", f"no estimate for this model's config ({error})")
+    found = f"MODEL_DTYPE={settings.model.model_dtype} ({mode}), BATCH_SIZE={settings.engine.batch_size}: " \
+            f"{expected.line()}"
+    available = available_memory()
+    if available is not None and expected.total > available:
+        return fail("memory", f"{found}; only {available >> 20} MiB available",
+                    "a smaller model, MODEL_DTYPE=int4 or int8, a smaller BATCH_SIZE or PREFIX_CACHE_MB "
+                    "(docs/models.md)")
+    return ok("memory", found)
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """Bytes of memory available to a new process (Linux's MemAvailable), or None where unknown."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def load_config_and_tokenizer(location: str, options: dict[str, Any]) -> tuple[Any, Any]:
     """The model's config and tokenizer, loaded as start-up would load them; errors as `ModelLoadError`."""
     from transformers import AutoConfig, AutoTokenizer
 
     try:
-        AutoConfig.from_pretrained(location, **options)
-        return AutoTokenizer.from_pretrained(location, **options)
+        config = AutoConfig.from_pretrained(location, **options)
+        return config, AutoTokenizer.from_pretrained(location, **options)
     except Exception as error:
         first = (str(error).strip() or type(error).__name__).splitlines()[0]
         raise ModelLoadError(f"MODEL {location}: cannot load it: {first}") from error

@@ -6,6 +6,7 @@ The Telegram application keeps the services in `bot_data`; the terminal commands
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from agent.grammar import GrammarLimits
 from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
 from agent.options import ChatOptions
+from agent.speech.base import SpeechLimits, Transcriber
 from agent.summaries import Summarizer, SummaryLimits
 from agent.tokens import qwen_token_counter
 from bot.program.audit import insert_audit
@@ -51,13 +53,17 @@ class Services:
     options: ChatOptions
     documents: DocumentLibrary
     summarizer: Summarizer
+    speech: Transcriber | None = None  # None: ASR_BACKEND=off (or auto without faster-whisper)
 
     async def close(self) -> None:
-        """Stop the summaries being written, close the MCP connections, stop the model, then close the database."""
+        """Stop the summaries being written, close the MCP connections, stop the model and the speech thread, then
+        close the database."""
         try:
             await self.summarizer.close()
             await self.mcp.close()
             await self.llm.close()
+            if self.speech is not None:
+                await self.speech.close()
         finally:
             await self.db.close()
 
@@ -127,7 +133,7 @@ async def start_services(settings: Settings, llm: LLM | None = None, *, new_data
     summarizer = Summarizer(llm, memory, settings.agent.history_token_budget, summary_limits(settings))
     agent = Agent(llm, registry, tool_settings, memory, agent_limits(settings), options, summarizer)
     return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp, options, documents,
-                    summarizer)
+                    summarizer, build_transcriber(settings))
 
 
 def summary_limits(settings: Settings) -> SummaryLimits:
@@ -197,7 +203,7 @@ def local_llm(settings: Settings) -> LLM:
     speculative = SpeculativeLimits(per_row=engine.speculative_tokens, per_step=engine.speculative_step_tokens)
     return LocalLLM(model.model, device_map=model.model_device_map, dtype=model.model_dtype,
                     batch_size=engine.batch_size, batch_wait_ms=engine.batch_wait_ms,
-                    converted_dir=model.model_converted_dir, prefix_cache_mb=engine.prefix_cache_mb,
+                    converted_dir=model.model_converted_dir, prefix_cache_mb=engine.prefix_cache_megabytes(),
                     base_dir=settings.storage.data_dir, cache_dir=model.model_cache_dir,
                     native_tools=settings.agent.agent_mode == "native", speculative=speculative,
                     low_priority_rows=engine.low_priority_rows)
@@ -214,10 +220,45 @@ def openai_llm(settings: Settings) -> LLM:
                           silence_seconds=openai.openai_silence_seconds)
     return OpenAILLM(base_url=openai.openai_base_url, model=openai.openai_model or settings.model.model,
                      api_key=openai.openai_api_key, limits=limits, startup_seconds=openai.openai_startup_seconds,
+                     server_wait_seconds=openai.openai_server_wait_seconds,
                      max_retries=openai.openai_max_retries,
                      count_tokens=qwen_token_counter(settings.model.tokenizer_vocab_path),
-                     grammar=openai.openai_grammar,
+                     grammar=openai.openai_grammar, vision=openai.openai_vision,
                      low_priority_concurrency=openai.openai_low_priority_concurrency)
+
+
+def speech_backend(settings: Settings) -> str:
+    """ASR_BACKEND as it applies here: `auto` is `local` where faster-whisper is installed, else `off`."""
+    backend = settings.voice.asr_backend
+    if backend == "auto":
+        return "local" if importlib.util.find_spec("faster_whisper") is not None else "off"
+    return backend
+
+
+def build_transcriber(settings: Settings) -> Transcriber | None:
+    """The speech backend ASR_BACKEND names (None for off); nothing loads or connects until the first recording."""
+    voice = settings.voice
+    limits = SpeechLimits(max_seconds=voice.asr_max_seconds, max_file_mb=voice.asr_max_file_mb,
+                          timeout_seconds=voice.asr_timeout_seconds)
+    backend = speech_backend(settings)
+    if backend == "local":
+        from agent.speech.local import LocalTranscriber
+
+        return LocalTranscriber(voice.asr_model, device=voice.asr_device, compute_type=voice.asr_compute_type,
+                                cpu_threads=voice.asr_cpu_threads, language=voice.asr_language, limits=limits,
+                                base_dir=settings.storage.data_dir, cache_dir=settings.model.model_cache_dir)
+    if backend == "openai":
+        from agent.llm.openai_stream import StreamLimits
+        from agent.speech.openai import OpenAITranscriber
+
+        openai = settings.openai
+        time_limits = StreamLimits(connect_seconds=openai.openai_connect_timeout_seconds,
+                                   first_token_seconds=openai.openai_first_token_seconds,
+                                   silence_seconds=openai.openai_silence_seconds)
+        return OpenAITranscriber(base_url=voice.asr_base_url or openai.openai_base_url, model=voice.asr_model,
+                                 api_key=voice.asr_api_key or openai.openai_api_key, language=voice.asr_language,
+                                 limits=limits, time_limits=time_limits, max_retries=openai.openai_max_retries)
+    return None
 
 
 def describe_model(settings: Settings, llm: LLM) -> str:

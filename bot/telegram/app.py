@@ -20,14 +20,20 @@ from telegram import BotCommand, BotCommandScopeChat, Update
 from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
 
 from agent.llm.base import LLM
+from bot.program import systemd
 from bot.program.config import Settings
+from bot.program.endpoint import Endpoint
+from bot.program.health import HealthCheck
 from bot.program.logs import add_secrets
+from bot.program.metrics import BotMetrics
 from bot.program.services import Services, naming_database_path, start_services
 from bot.telegram import admin, admin_chats, admin_docs, admin_mcp, handlers
-from bot.telegram.context import DELIVERIES, PROGRESS, SERVICES, TURNS, BotContext, runtime_data
+from bot.telegram.context import (DELIVERIES, HEALTH, METRICS, PROGRESS, SERVICES, TELEGRAM_CALLS, TURNS, BotContext,
+                                  runtime_data)
 from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
 from bot.telegram.ratelimit import BotRateLimiter
 from bot.telegram.replies import quietly
+from bot.telegram.requests import CALLS_POOL_SIZE, UPDATES_POOL_SIZE, MeteredRequest, TelegramCalls, keep_in_touch
 from bot.telegram.webhook import WebhookServer
 from bot.telegram.turns import BY_DATABASE_GONE
 from db import DatabaseGone, InstanceLock
@@ -82,10 +88,13 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
     async def start(settings: Settings) -> Services:
         return await start_services(settings, llm=llm, new_database=new_database)
 
+    calls = TelegramCalls()  # every Bot API call tallied, for /metrics and /healthz
     application = (
         ApplicationBuilder()
         .token(settings.telegram.telegram_bot_token)
         .base_url(settings.telegram.telegram_base_url)
+        .request(MeteredRequest(calls, connection_pool_size=CALLS_POOL_SIZE))
+        .get_updates_request(MeteredRequest(calls, connection_pool_size=UPDATES_POOL_SIZE))
         .base_file_url(settings.telegram.file_url())
         .context_types(ContextTypes(context=BotContext))
         .rate_limiter(BotRateLimiter(overall_max_rate=settings.telegram.telegram_messages_per_second,
@@ -96,6 +105,7 @@ def build_application(settings: Settings, *, llm: LLM | None = None,
         .post_shutdown(_post_shutdown)
         .build()
     )
+    application.bot_data.update({TELEGRAM_CALLS: calls, METRICS: BotMetrics(calls)})
     register_handlers(application)
     return application
 
@@ -138,6 +148,9 @@ def register_handlers(application: Application) -> None:
     application.add_handler(MessageHandler(new & private & filters.Document.ALL & ~filters.Document.IMAGE,
                                            admin_docs.on_private_file))
     application.add_handler(MessageHandler(new & filters.TEXT & ~filters.COMMAND, handlers.on_text))
+    application.add_handler(MessageHandler(new & (filters.VOICE | filters.AUDIO | filters.VIDEO_NOTE),
+                                           handlers.on_recording))
+    application.add_handler(MessageHandler(new & (filters.PHOTO | filters.Document.IMAGE), handlers.on_picture))
     application.add_handler(MessageHandler(new & private & filters.COMMAND, handlers.unknown_command))
     application.add_handler(MessageHandler(new & private & ~filters.TEXT & ~filters.StatusUpdate.ALL,
                                            handlers.non_text))
@@ -149,6 +162,7 @@ def _post_init(settings: Settings, start: ServicesFactory) -> Callable[[Applicat
         """Start the services, share them with the handlers, register the command menu."""
         services = await start(settings)
         application.bot_data.update(runtime_data(settings, services))
+        application.bot_data[METRICS].attach(services)
         await register_commands(application, settings)
     return post_init
 
@@ -184,26 +198,43 @@ async def serve(application: Application, settings: Settings, stop: asyncio.Even
     """Run the bot until `stop` is set (or the intake fails for good, e.g. a rejected token), then shut down.
 
     First the database's instance lock (db/instance_lock.py): one serving process per database, a second one
-    waits INSTANCE_LOCK_WAIT_SECONDS for it (a rolling restart) and then gives up with `DatabaseInUse`.
+    waits INSTANCE_LOCK_WAIT_SECONDS for it (a rolling restart) and then gives up with `DatabaseInUse`. Then, with
+    METRICS_PORT set, /metrics and /healthz (bot/program/endpoint.py): up while the model loads, saying so.
     """
     lock = InstanceLock(settings.storage.database_path)
     with naming_database_path():
         if not await lock.acquire(settings.storage.instance_lock_wait_seconds, stop):
             return  # stopped while waiting for the other process
+    health = HealthCheck(settings, asyncio.get_running_loop(), application.bot_data[TELEGRAM_CALLS])
+    application.bot_data[HEALTH] = health
     try:
-        await application.initialize()
+        endpoint = open_endpoint(settings, application.bot_data[METRICS], health)
         try:
-            await application.post_init(application)
-            await application.start()
+            await application.initialize()
             try:
-                await _take_updates(application, settings, stop, poll_timeout)
+                await application.post_init(application)
+                health.attach(application.bot_data[SERVICES])
+                await application.start()
+                try:
+                    await _take_updates(application, settings, stop, poll_timeout)
+                finally:
+                    await application.stop()
             finally:
-                await application.stop()
+                await application.shutdown()
+                await application.post_shutdown(application)
         finally:
-            await application.shutdown()
-            await application.post_shutdown(application)
+            if endpoint is not None:
+                endpoint.stop()
     finally:
         lock.release()  # after the database is closed: the next process finds everything written
+
+
+def open_endpoint(settings: Settings, metrics: BotMetrics, health: HealthCheck) -> Endpoint | None:
+    """/metrics and /healthz on METRICS_HOST:METRICS_PORT, serving; None when METRICS_PORT is 0 (off)."""
+    port = settings.metrics.metrics_port
+    if not port:
+        return None
+    return Endpoint(settings.metrics.metrics_host, port, metrics.registry, health.run).start()
 
 
 async def _take_updates(application: Application, settings: Settings, stop: asyncio.Event,
@@ -222,11 +253,16 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
     stopping = asyncio.create_task(stop.wait())
     # The database file deleted or replaced under us (db/file_watch.py): stop rather than write to a ghost.
     watch = asyncio.create_task(services.db.file.watch(settings.storage.database_check_seconds), name="database-watch")
+    helpers = _health_helpers(application, settings)
+    systemd.notify("READY=1")
     try:
         await asyncio.wait([intake.task, stopping, watch], return_when=asyncio.FIRST_COMPLETED)
     finally:
+        systemd.notify("STOPPING=1")
         stopping.cancel()
         watch.cancel()
+        for helper in helpers:
+            helper.cancel()
         await intake.close()
         if watch.done() and not watch.cancelled() and isinstance(watch.exception(), DatabaseGone):
             # Nothing can be stored any more: stop every turn now, and each tells its asker (bot/telegram/questions.py).
@@ -235,6 +271,22 @@ async def _take_updates(application: Application, settings: Settings, stop: asyn
     for task in (watch, intake.task):
         if task.done() and not task.cancelled() and task.exception():
             raise task.exception()  # e.g. InvalidToken, DatabaseGone: `qwenbot run` reports it in one line
+
+
+def _health_helpers(application: Application, settings: Settings) -> list[asyncio.Task]:
+    """What keeps the health checks true while serving, when anything asks them (METRICS_PORT, or systemd's
+    WatchdogSec): a getMe whenever Telegram has not been reached for half of HEALTH_TELEGRAM_SECONDS, and the
+    watchdog pinged while healthy."""
+    interval = systemd.watchdog_seconds()
+    if not settings.metrics.metrics_port and interval is None:
+        return []
+    every = settings.metrics.health_telegram_seconds / 2
+    helpers = [asyncio.create_task(keep_in_touch(application.bot, application.bot_data[TELEGRAM_CALLS], every),
+                                   name="telegram-keep-in-touch")]
+    if interval is not None:
+        helpers.append(asyncio.create_task(systemd.watchdog(application.bot_data[HEALTH].run, interval / 2),
+                                           name="systemd-watchdog"))
+    return helpers
 
 
 class _Intake:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from telegram.ext import CallbackContext, ExtBot
 
 from bot.program.config import Settings
+from bot.program.metrics import BotMetrics
 from bot.telegram.access import AccessControl
 from bot.telegram.deliveries import DeliveryLedger
 from bot.telegram.progress import ProgressLedger
@@ -31,6 +32,9 @@ DRAFTS = "drafts"
 PROGRESS = "progress"
 QUOTAS = "quotas"
 DELIVERIES = "deliveries"
+METRICS = "metrics"
+TELEGRAM_CALLS = "telegram_calls"
+HEALTH = "health"
 
 
 class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
@@ -75,6 +79,11 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
     def refusals(self) -> RefusalLog:
         """Who was refused lately (told once per REFUSAL_INTERVAL_SECONDS)."""
         return self.bot_data[REFUSALS]
+
+    @property
+    def metrics(self) -> BotMetrics:
+        """The bot's Prometheus metrics (bot/program/metrics.py), put there by `build_application`."""
+        return self.bot_data[METRICS]
 
     @property
     def drafts(self) -> DraftSupport:

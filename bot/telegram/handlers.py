@@ -1,6 +1,7 @@
 """User handlers, thin as in python-telegram-bot's examples: read the update, call one function, reply.
 
-Questions go to questions.py; admin commands live in admin.py; both reply through chat.py (all in bot/telegram/).
+Questions go to questions.py (asked by voice or about a picture: through media.py); admin commands live in
+admin.py; both reply through chat.py (all in bot/telegram/).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from bot.telegram.chat import (allowed, is_group, may_talk, refuse, reply, reply
                                user_language)
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
+from bot.telegram.media import answer_picture, answer_recording, picture_replied_to
 from bot.telegram.questions import addressed_question, answer_question, duration_text
 from bot.telegram.quotas import QuotaState
 from bot.telegram.replies import quietly, tools_text, trace_text
@@ -31,10 +33,22 @@ CAPTION_MAX_CHARS = 1024  # Telegram's limit for a document's caption
 # --- questions -------------------------------------------------------------------------------------------------
 
 async def on_text(update: Update, context: BotContext) -> None:
-    """A text message: a question in a private chat; in a group only when it mentions or replies to the bot."""
-    question = addressed_question(update.effective_message, context.bot.username, context.bot.id)
+    """A text message: a question in a private chat; in a group only when it mentions or replies to the bot. A
+    question written in reply to a picture is about that picture."""
+    message = update.effective_message
+    question = addressed_question(message, context.bot.username, context.bot.id)
     if question is not None:  # else group chatter: not for us, never stored
-        await answer_question(update, context, question)
+        await answer_question(update, context, question, picture_replied_to(message))
+
+
+async def on_recording(update: Update, context: BotContext) -> None:
+    """A voice note, audio file or video note: transcribed and answered as a question (where it is one)."""
+    await answer_recording(update, context)
+
+
+async def on_picture(update: Update, context: BotContext) -> None:
+    """A photo or image file: its caption is a question about it (where it is one)."""
+    await answer_picture(update, context)
 
 
 async def ask(update: Update, context: BotContext) -> None:
@@ -44,7 +58,8 @@ async def ask(update: Update, context: BotContext) -> None:
 
 
 async def non_text(update: Update, context: BotContext) -> None:
-    """Stickers, photos, voice, files in a private chat: say that only text is read."""
+    """Stickers, files, locations… in a private chat: say that only text is read (voice and pictures have their
+    own handlers)."""
     await reply_or_refuse(update, context, text("text_only", user_language(update)))
 
 

@@ -14,21 +14,24 @@ __all__ = ["TEXTS", "language", "text"]
 TEXTS: dict[str, dict[str, str]] = {
     "start": {
         "zh": ("你好，我是团队助手。我会一步步思考，并用工具查资料后回答，例如课程数据库和计算器。\n\n"
-               "直接发消息提问即可；在群里请 @我、回复我的消息，或用 /ask 问题。\n"
+               "直接发消息提问即可，也可以发语音，或发图片并附上问题；在群里请 @我、回复我的消息，或用 /ask 问题。\n"
                "命令：/help 帮助，/reset 忘记本聊天的历史，/cancel 停止正在进行的回答，"
                "/trace 查看上一次回答的步骤，/tools 查看可用工具。"),
         "en": ("Hi, I am the team's assistant. I think step by step and look things up with tools (such as the "
                "course database and a calculator) before I answer.\n\n"
-               "Just write your question; in a group, mention me, reply to one of my messages, or use /ask "
-               "question.\nCommands: /help, /reset forgets this chat's history, /cancel stops the running answer, "
+               "Just write your question, say it in a voice message, or send a picture with your question as its "
+               "caption; in a group, mention me, reply to one of my messages, or use /ask question.\nCommands: /help, /reset forgets this chat's history, /cancel stops the running answer, "
                "/trace shows the steps of the last answer, /tools lists the tools enabled here."),
     },
     "help": {
         "zh": ("提问：私聊直接发消息；群里用 @我、回复我，或 /ask 问题。\n"
+               "🎤 语音提问：直接发语音（群里请回复我的消息）。🖼 关于图片的问题：发图片并附上问题，或回复图片提问。\n"
                "/reset 忘记本聊天的历史\n/cancel 停止正在进行的回答\n/trace 上一次回答的步骤\n"
                "/tools 本聊天可用的工具\n/docs 本聊天可搜索的团队文档（管理员可以发送文件来添加）\n"
                "/memory 我对较早对话的摘要\n/quota 你今天还剩的额度\n/export 把本聊天的记录导出为文件"),
         "en": ("Ask: write to me in private; in a group mention me, reply to me, or use /ask question.\n"
+               "🎤 Ask by voice: send a voice message (in a group, as a reply to me). 🖼 Ask about a picture: send it "
+               "with your question as its caption, or reply to it with your question.\n"
                "/reset forget this chat's history\n/cancel stop the running answer\n"
                "/trace the steps of the last answer\n/tools the tools enabled here\n"
                "/docs the team documents I can search here (admins add them by sending a file)\n"
@@ -43,6 +46,57 @@ TEXTS: dict[str, dict[str, str]] = {
     "text_only": {
         "zh": "我只能读文字消息，请用文字提问。",
         "en": "I can only read text messages: please ask in text.",
+    },
+    "transcript": {
+        "zh": "🎤 {text}",
+        "en": "🎤 {text}",
+    },
+    "voice_too_long": {
+        "zh": "你的语音太长了（上限是 {limit} 秒）。请说短一些，或者用文字提问。",
+        "en": "Your recording is too long (the limit is {limit} seconds). Please keep it shorter, or type your "
+              "question.",
+    },
+    "voice_too_big": {
+        "zh": "你的录音文件太大了（{size:.1f} MB，上限是 {limit:g} MB）。请说短一些，或者用文字提问。",
+        "en": "Your recording is too large ({size:.1f} MB; the limit is {limit:g} MB). Please keep it shorter, or "
+              "type your question.",
+    },
+    "voice_unheard": {
+        "zh": "🎤 我没有听清你的语音里说了什么。请再说一遍，或者用文字提问。",
+        "en": "🎤 I could not make out any words in your recording. Please try again, or type your question.",
+    },
+    "voice_failed": {
+        "zh": "抱歉，现在无法识别语音。请用文字提问。",
+        "en": "Sorry, I cannot transcribe recordings right now. Please type your question.",
+    },
+    "voice_timeout": {
+        "zh": "抱歉，语音识别超时了。请稍后再试，或者用文字提问。",
+        "en": "Sorry, transcribing your recording took too long. Please try again later, or type your question.",
+    },
+    "not_audio": {
+        "zh": "我读不出这段录音。请重新发送，或者用文字提问。",
+        "en": "I cannot read that recording. Please send it again, or type your question.",
+    },
+    "download_failed": {
+        "zh": "我没能从 Telegram 取到你发的文件。请重新发送。",
+        "en": "I could not fetch your file from Telegram. Please send it again.",
+    },
+    "text_only_model": {
+        "zh": "这个模型只能读文字，看不到图片。请用文字描述图片内容后再问。",
+        "en": "This model reads text only: it cannot see pictures. Please describe the picture in words and ask again.",
+    },
+    "picture_needs_question": {
+        "zh": "想问这张图片什么？请回复这张图片提出问题，或者重新发送并在说明里写上问题。",
+        "en": "What would you like to know about this picture? Reply to it with your question, or send it again "
+              "with the question as its caption.",
+    },
+    "picture_too_big": {
+        "zh": "这张图片太大了（{size:.1f} MB，上限是 {limit:g} MB）。请压缩后再发。",
+        "en": "This picture is too large ({size:.1f} MB; the limit is {limit:g} MB). Please send a smaller one.",
+    },
+    "not_a_picture": {
+        "zh": "我读不出这张图片。请以照片形式重新发送。",
+        "en": "I cannot read this picture. Please send it again as a photo.",
     },
     "docs_admins_only": {
         "zh": "⛔ 只有管理员可以添加文档。请用文字提问。",

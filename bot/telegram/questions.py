@@ -5,6 +5,10 @@ Questions go through the turn scheduler (bot/telegram/turns.py): in order per ch
 keeps its place until its answer is delivered, so answers reach each chat in the order of the questions even when
 Telegram refuses them for a while (`deliver`). An update handled again (a restart) is answered from the store, and
 only the pieces of the answer Telegram has not taken yet are sent (bot/telegram/deliveries.py).
+
+A question asked by voice or about a picture comes with an `Attachment` (bot/telegram/media.py), which turns it
+into the question (`Asked`: a transcript, a picture) at its place in line, once access is granted: from there on it
+is a question like any typed one.
 """
 
 from __future__ import annotations
@@ -13,18 +17,20 @@ import asyncio
 import logging
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 from telegram import Message, MessageEntity, Update, User
 from telegram.error import BadRequest, NetworkError, RetryAfter
 
-from agent.errors import LLMCancelled, LLMError, LLMTimeout, TurnNotSaved
+from agent.errors import ImagesRefused, LLMCancelled, LLMError, LLMTimeout, TurnNotSaved
 from agent.events import AnswerText, EventSink, ToolStarted
+from agent.images import Picture
 from agent.memory import Session
 from bot.program.config import Settings
 from bot.program.doc_reports import with_sources
+from bot.program.metrics import TurnTimer
 from bot.telegram.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
@@ -39,10 +45,31 @@ log = logging.getLogger(__name__)
 SAVE_RETRY_SECONDS = 1.0  # between two tries to store a turn whose first save met a busy database
 
 
-async def answer_question(update: Update, context: BotContext, question: str) -> None:
+@dataclass(frozen=True)
+class Asked:
+    """A question ready for its turn: its text, the pictures that go with it, how it was asked ('text', 'voice',
+    'photo': agent/memory.py), and a `lead` shown before its answer (a private chat's transcript)."""
+
+    text: str
+    pictures: tuple[Picture, ...] = ()
+    input_kind: str = "text"
+    lead: str = ""
+
+
+class Attachment(Protocol):
+    """What came with a question (a recording, a picture): made into the question at its place in line."""
+
+    async def prepare(self, update: Update, context: BotContext, question: str) -> Asked | None:
+        """The question `Asked` with the attachment (fetched, transcribed, shrunk), given the text that came with
+        it; None when the user was told why there is none (too long, unreadable, a model that cannot see)."""
+
+
+async def answer_question(update: Update, context: BotContext, question: str,
+                          attachment: Attachment | None = None) -> None:
     """Take the question's place in line, check access, wait for its turn, check access again, run it and reply.
 
     Nobody waits behind a refusal or a usage message: a question leaves the line before anything is said about it.
+    An `attachment` is fetched and made into the question after the access check, still in line.
     """
     message, user = update.effective_message, update.effective_user
     if user is None:
@@ -58,28 +85,32 @@ async def answer_question(update: Update, context: BotContext, question: str) ->
             turns.release(slot)
             await refuse(update, context)
             return
-        if (problem := question_problem(question, context.settings, user_language(update))) is not None:
+        asked = Asked(question) if attachment is None else await attachment.prepare(update, context, question)
+        if asked is None:
+            turns.release(slot)
+            return
+        if (problem := question_problem(asked.text, context.settings, user_language(update))) is not None:
             turns.release(slot)
             await reply(message, problem)
             return
-        await take_turn(update, context, question, slot)
+        await take_turn(update, context, asked, slot)
     finally:
         turns.release(slot)
 
 
-async def take_turn(update: Update, context: BotContext, question: str, slot: TurnSlot) -> None:
+async def take_turn(update: Update, context: BotContext, asked: Asked, slot: TurnSlot) -> None:
     """Wait for the slot's turn; run it if the sender still has access then (an admin may /deny meanwhile)."""
     message, user, lang = update.effective_message, update.effective_user, user_language(update)
     if slot.behind_own_turn and context.turns.tell_once(user.id, "queued"):
         await quietly(reply(message, text("queued", lang)), "the queued notice")
-    await _take_turn(update, context, question, slot)
+    await _take_turn(update, context, asked, slot)
     if slot.cancelled_by == BY_DATABASE_GONE and not slot.answered:
         # The bot stops: its journal went with the database, so no restart will answer this question either.
         # (A turn that met the loss itself raises DatabaseGone, and the error handler says the same.)
         await quietly(reply(message, text("database_gone", lang)), "the stopping notice")
 
 
-async def _take_turn(update: Update, context: BotContext, question: str, slot: TurnSlot) -> None:
+async def _take_turn(update: Update, context: BotContext, asked: Asked, slot: TurnSlot) -> None:
     message, user, lang = update.effective_message, update.effective_user, user_language(update)
     if not await context.turns.wait_turn(slot):
         return
@@ -87,7 +118,7 @@ async def _take_turn(update: Update, context: BotContext, question: str, slot: T
         context.turns.release(slot)
         await refuse(update, context)
         return
-    stored = await stored_reply(context, slot)
+    stored = await stored_reply(context, slot, asked.lead)
     if stored is not None and stored.already >= len(split_message(stored.text) or ["…"]):
         log.info("update %s: its stored answer went out before the restart; not sent again", slot.update_id)
         slot.answered = True
@@ -97,8 +128,8 @@ async def _take_turn(update: Update, context: BotContext, question: str, slot: T
         context.turns.release(slot)
         await refuse_over_quota(context, message, user.id, used_up, lang)
         return
-    prompt = f"{asker_name(user)}: {question}" if is_group(message) else question
-    await run_turn(context, message, session_for(message), prompt, slot, lang, stored)
+    prompt = f"{asker_name(user)}: {asked.text}" if is_group(message) else asked.text
+    await run_turn(context, message, session_for(message), replace(asked, text=prompt), slot, lang, stored)
 
 
 async def turn_away(update: Update, context: BotContext) -> None:
@@ -152,31 +183,37 @@ class TurnAnswer:
     save: Callable[[], Awaitable[int]] | None = None  # stores the turn when its first save met a busy database
 
 
-async def stored_reply(context: BotContext, slot: TurnSlot) -> TurnAnswer | None:
-    """The answer stored for the slot's update (handled again after a restart), with how much of it went out."""
+async def stored_reply(context: BotContext, slot: TurnSlot, lead: str = "") -> TurnAnswer | None:
+    """The answer stored for the slot's update (handled again after a restart), after the question's `lead` as it
+    was delivered the first time, with how much of it went out."""
     if not slot.source_key:
         return None
     stored = await context.services.memory.stored_answer(slot.source_key)
     if stored is None:
         return None
-    return TurnAnswer(stored, await context.deliveries.delivered(slot.source_key))
+    return TurnAnswer(led(lead, stored), await context.deliveries.delivered(slot.source_key))
 
 
-async def run_turn(context: BotContext, message: Message, session: Session, question: str, slot: TurnSlot,
+async def run_turn(context: BotContext, message: Message, session: Session, asked: Asked, slot: TurnSlot,
                    lang: str, stored: TurnAnswer | None = None) -> None:
     """Run the agent (or take the `stored` answer) with typing, progress and the answer streamed as it is written;
-    deliver the answer (or a short apology) over the stream; a stopped turn leaves what was streamed, marked as
-    stopped."""
+    deliver the answer (or a short apology) over the stream, after the question's lead (a transcript); a stopped
+    turn leaves what was streamed, marked as stopped."""
     feedback = TurnFeedback(context.bot, message.chat_id, placeholder=text("thinking", lang),
                             reply_to=message.message_id, thread_id=topic_of(message),
                             typing_every=context.settings.streaming.typing_interval_seconds,
                             progress_after=context.settings.streaming.progress_after_seconds, ledger=context.progress)
     stream = answer_stream(context, message, slot)
+    timer = context.metrics.timer()
+    if stored is not None:
+        timer.status = None  # an answer sent again from the store: not a turn of its own
     try:
         try:
             async with feedback, stream:
-                answer = stored or await agent_answer(context, session, question, slot, lang,
-                                                      turn_events(feedback, stream))
+                if asked.lead and stored is None:
+                    stream.show(asked.lead)  # what was understood, before the answer is there
+                answer = stored or with_lead(asked.lead, await agent_answer(
+                    context, session, asked, slot, lang, turn_events(feedback, stream, asked.lead), timer))
         except BaseException:  # a bug (the error handler apologises) or the task cancelled: what streamed is cut
             await stream.stop(text("answer_stopped", lang))
             raise
@@ -188,6 +225,7 @@ async def run_turn(context: BotContext, message: Message, session: Session, ques
                 await save_later(context, answer.save, slot)
     finally:
         await feedback.remove()  # the answer (or the apology of the error handler) replaces it
+        timer.end(stream.first_shown)
 
 
 def answer_stream(context: BotContext, message: Message, slot: TurnSlot) -> AnswerStream:
@@ -203,15 +241,26 @@ def answer_stream(context: BotContext, message: Message, slot: TurnSlot) -> Answ
                         patience=context.settings.turns.send_patience_seconds, on_delivered=recorder)
 
 
-def turn_events(feedback: TurnFeedback, stream: AnswerStream) -> EventSink:
-    """What the user sees of a running turn: the tool at work on the progress line, the answer as it grows."""
+def turn_events(feedback: TurnFeedback, stream: AnswerStream, lead: str = "") -> EventSink:
+    """What the user sees of a running turn: the tool at work on the progress line, the answer as it grows (after
+    the question's `lead`)."""
     def on_event(event: object) -> None:
         if isinstance(event, ToolStarted):
             shown = event.shown_input
             feedback.show(f"{event.label}: {shown[:60]}…" if shown else f"{event.label}…")
         elif isinstance(event, AnswerText):
-            stream.show(event.text)
+            stream.show(led(lead, event.text))
     return on_event
+
+
+def led(lead: str, answer: str) -> str:
+    """The answer after its lead (a transcript), a blank line between; the answer alone when there is none."""
+    return f"{lead}\n\n{answer}" if lead and answer else lead or answer
+
+
+def with_lead(lead: str, answer: TurnAnswer | None) -> TurnAnswer | None:
+    """The turn's answer after the question's lead (None stays None: the turn was stopped)."""
+    return replace(answer, text=led(lead, answer.text)) if answer is not None and lead else answer
 
 
 async def deliver(context: BotContext, stream: AnswerStream, answer: TurnAnswer, slot: TurnSlot) -> None:
@@ -260,21 +309,29 @@ async def until_stopped(work: Awaitable[object], slot: TurnSlot) -> bool:
     return True
 
 
-async def agent_answer(context: BotContext, session: Session, question: str, slot: TurnSlot, lang: str,
-                       on_event: EventSink) -> TurnAnswer | None:
-    """The agent's answer, an apology when the model failed, or None when the turn was cancelled."""
+async def agent_answer(context: BotContext, session: Session, asked: Asked, slot: TurnSlot, lang: str,
+                       on_event: EventSink, timer: TurnTimer) -> TurnAnswer | None:
+    """The agent's answer, an apology when the model failed, or None when the turn was cancelled; `timer` learns
+    how the turn ended."""
     try:
-        result = await context.services.agent.run(session, question, user_id=slot.user_id,
-                                                  source_key=slot.source_key,
-                                                  on_event=on_event, cancel=slot.cancel)
+        result = await context.services.agent.run(session, asked.text, user_id=slot.user_id,
+                                                  source_key=slot.source_key, on_event=on_event, cancel=slot.cancel,
+                                                  pictures=asked.pictures, input_kind=asked.input_kind)
+    except ImagesRefused as error:  # OPENAI_VISION=auto found out: the model reads text only
+        timer.status = "error"
+        log.info("model refused the picture in %s: %s", session.id, error)
+        return TurnAnswer(text("text_only_model", lang))
     except LLMTimeout:
+        timer.status = "timeout"
         return TurnAnswer(text("timeout", lang))
     except LLMCancelled:
+        timer.status = "cancelled"
         # /cancel already said "stopped"; a turn stopped by shutdown stays unhandled in the update journal and is
         # answered after the restart (bot/telegram/intake.py).
         stopped = slot.cancelled_by in (BY_USER, BY_SHUTDOWN, BY_DATABASE_GONE)
         return None if stopped else TurnAnswer(text("timeout", lang))
     except LLMError as error:
+        timer.status = "error"
         log.warning("model failed in %s: %s", session.id, error)
         return TurnAnswer(text("model_error", lang))
     except TurnNotSaved as unsaved:
@@ -282,11 +339,16 @@ async def agent_answer(context: BotContext, session: Session, question: str, slo
         # once the database frees (`save_later`).
         log.warning("database busy in %s as the turn was stored (%s): delivering the answer first", session.id,
                     unsaved)
+        timer.status = str(unsaved.result.status)
+        context.metrics.tools_used(unsaved.result)
         return TurnAnswer(await with_sources(context.services.documents, unsaved.result, lang), save=unsaved.save)
     except DatabaseBusy as error:
         # Another process held the write lock past DATABASE_BUSY_TIMEOUT_SECONDS before the turn had an answer.
+        timer.status = "database_busy"
         log.warning("database busy in %s: %s", session.id, error)
         return TurnAnswer(text("busy", lang))
+    timer.status = str(result.status)
+    context.metrics.tools_used(result)
     return TurnAnswer(await with_sources(context.services.documents, result, lang))  # the documents it used
 
 
@@ -323,16 +385,18 @@ def asker_name(user: User) -> str:
 
 # --- addressing: is a message meant for the bot? ---------------------------------------------------------------
 
-def addressed_question(message: Message, bot_username: str, bot_id: int) -> str | None:
-    """The question in a text message meant for the bot, mention stripped; None when not meant for it.
+def addressed_question(message: Message, bot_username: str, bot_id: int, *, caption: bool = False) -> str | None:
+    """The question in a text message meant for the bot, mention stripped; None when not meant for it. With
+    `caption`, the question in a media message's caption (a voice note's, a photo's), '' when it has none.
 
     In a private chat every message is meant for the bot. In a group it must mention `@bot_username` or reply
     to one of the bot's messages (`/ask` is its own command handler).
     """
-    text = message.text or ""
+    text = (message.caption if caption else message.text) or ""
     if not is_group(message):
         return text.strip()
-    mention = _mention_of(message, bot_username)
+    entities = message.parse_caption_entities if caption else message.parse_entities
+    mention = _mention_of(text, entities([MessageEntity.MENTION]), bot_username)
     if mention is not None:
         return _strip_span(text, mention)
     replied = message.reply_to_message
@@ -341,12 +405,12 @@ def addressed_question(message: Message, bot_username: str, bot_id: int) -> str 
     return None
 
 
-def _mention_of(message: Message, bot_username: str) -> tuple[int, int] | None:
-    """(start, end) in Python indices of the first @bot_username mention, from Telegram's entities."""
+def _mention_of(text: str, mentions: dict[MessageEntity, str], bot_username: str) -> tuple[int, int] | None:
+    """(start, end) in Python indices of the first @bot_username mention in `text`, from Telegram's entities."""
     wanted = "@" + bot_username.lower()
-    for entity, value in message.parse_entities([MessageEntity.MENTION]).items():
+    for value in mentions.values():
         if value.lower() == wanted:
-            start = (message.text or "").find(value)
+            start = text.find(value)
             return start, start + len(value)
     return None
 

@@ -345,10 +345,12 @@ _NO_MESSAGE: Message = _Missing()  # type: ignore[assignment]
 # --- what the user commands show -------------------------------------------------------------------------------
 
 def trace_text(turn: StoredTurn | None, lang: str) -> str:
-    """/trace: a stored turn's steps (tool, input, observation, time), long texts shortened; or that there is none."""
+    """/trace: a stored turn's question (🎤 a transcript, 🖼 about a picture), its steps (tool, input, observation,
+    time) and answer, long texts shortened; or that there is none."""
     if turn is None:
         return text("no_trace", lang)
-    lines = [text("trace_header", lang, status=turn.status, seconds=turn.duration_ms / 1000), f"❓ {turn.question}"]
+    asked = {"voice": "🎤", "photo": "🖼"}.get(turn.input_kind, "❓")  # a transcript, a question about a picture
+    lines = [text("trace_header", lang, status=turn.status, seconds=turn.duration_ms / 1000), f"{asked} {turn.question}"]
     if steps := render_trace(turn.steps, compact=True):
         lines.append(steps)
     if not any(step.kind in TOOL_KINDS for step in turn.steps):

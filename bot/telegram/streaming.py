@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -91,6 +92,7 @@ class AnswerStream:
         self.editable = True  # False once Telegram refused an edit outright: no more streaming
         self.reported: set[int] = set()  # pieces given to `on_delivered`
         self.draft_text = ""
+        self.first_shown: float | None = None  # time.monotonic() when the answer's first text reached the screen
         self._latest = ""
         self._last_update = float("-inf")  # loop time of the last update sent (the pace applies to the final too)
         self._changed = asyncio.Event()
@@ -218,6 +220,7 @@ class AnswerStream:
             log.info("a draft update failed (%s); the next one carries the latest text", error)
             return
         self.draft_text = piece
+        self._shown()
 
     async def _put(self, index: int, piece: str) -> None:
         """Make real message `index` show `piece` (edit it, or send it); a failure waits for the next update."""
@@ -278,8 +281,15 @@ class AnswerStream:
 
     async def _send(self, index: int, piece: str, patience: float | None) -> Message:
         reply_to = self.target.reply_to if index == 0 else None
-        return await send_chunk(self.bot, self.target.chat_id, piece, reply_to=reply_to,
-                                thread_id=self.target.thread_id, patience=patience)
+        message = await send_chunk(self.bot, self.target.chat_id, piece, reply_to=reply_to,
+                                   thread_id=self.target.thread_id, patience=patience)
+        self._shown()
+        return message
+
+    def _shown(self) -> None:
+        """Text of the answer is on the user's screen now (the first time counts, for the metrics)."""
+        if self.first_shown is None:
+            self.first_shown = time.monotonic()
 
     async def _take_back(self) -> None:
         """The text shown was not the answer after all: remove the messages showing it, empty the draft (which

@@ -6,7 +6,10 @@
         ...
         assert server.chat_requests[0].body["stop"] == ["Observation:"]
 
-It serves `GET /v1/models` and `POST /v1/chat/completions`. Each chat request takes the next scripted `Reply`: a
+It serves `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/audio/transcriptions` (a multipart form, as
+the OpenAI API takes it: `transcriptions` records each one's fields and file; `add_transcription` scripts the
+answers, `{"text": ...}` or an error, a delay or a hang, from the same `Reply`s). Each chat request takes the next
+scripted `Reply`: a
 text answer (trimmed at the request's first `stop` string, as real servers do), tool calls, an error status (with
 headers such as Retry-After), a dropped connection, or a hang that never answers. Every request is recorded, with
 the time it arrived, and the server counts how many chat requests it was handling at once (`max_in_flight`), so
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 import json
 import select
+from email.parser import BytesParser
+from email.policy import HTTP
 import socket
 import threading
 import time
@@ -36,6 +41,7 @@ from typing import Any
 
 CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,16 @@ def error(status: int, message: str = "", *, retry_after: float | None = None) -
 
 
 @dataclass(frozen=True)
+class Upload:
+    """A transcription request's form: its plain fields, and the uploaded file."""
+
+    fields: dict[str, str]
+    file_name: str
+    content_type: str
+    file: bytes
+
+
+@dataclass(frozen=True)
 class RecordedRequest:
     """One request as the server received it."""
 
@@ -111,7 +127,7 @@ class RecordedRequest:
 class FakeOpenAIServer:
     """An OpenAI-compatible server on a free port of 127.0.0.1, answering from a queue of `Reply`s."""
 
-    def __init__(self, model: str = "fake-qwen") -> None:
+    def __init__(self, model: str = "fake-qwen", port: int = 0) -> None:
         self.model = model
         self.requests: list[RecordedRequest] = []
         self.max_in_flight = 0
@@ -122,10 +138,11 @@ class FakeOpenAIServer:
         # Statuses GET /v1/models answers first, one per request (503: a server still loading its model).
         self.models_statuses: list[int] = []
         self._replies: list[Reply] = []
+        self._transcription_replies: list[Reply] = []
         self._in_flight = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd = _Server(("127.0.0.1", port), _Handler)  # port 0: a free one
         self._httpd.daemon_threads = True
         self._httpd.fake = self  # type: ignore[attr-defined]
         # A short poll interval makes stop() quick: shutdown() waits for serve_forever's next poll.
@@ -147,6 +164,16 @@ class FakeOpenAIServer:
     def chat_requests(self) -> list[RecordedRequest]:
         """Only the chat-completion requests, in arrival order."""
         return [r for r in self.requests if r.path == CHAT_PATH]
+
+    @property
+    def transcriptions(self) -> list[Upload]:
+        """The transcription requests' forms, in arrival order."""
+        return [r.body for r in self.requests if r.path == TRANSCRIPTIONS_PATH]
+
+    def add_transcription(self, *replies: Reply | str) -> None:
+        """Queue answers for the next transcription requests; a plain string is the transcript."""
+        with self._lock:
+            self._transcription_replies.extend(Reply(text=r) if isinstance(r, str) else r for r in replies)
 
     def busy_for(self, seconds: float) -> None:
         """Be busy generating for someone else for `seconds`: GET /v1/models waits until then."""
@@ -179,10 +206,11 @@ class FakeOpenAIServer:
         with self._lock:
             self.requests.append(request)
 
-    def _next_reply(self) -> Reply:
+    def _next_reply(self, transcription: bool = False) -> Reply:
         with self._lock:
-            if self._replies:
-                return self._replies.pop(0)
+            queue = self._transcription_replies if transcription else self._replies
+            if queue:
+                return queue.pop(0)
         # x-should-retry: false keeps the client from retrying, so a test missing a reply fails at once.
         return Reply(status=500, text="fake server: no scripted reply left", headers={"x-should-retry": "false"})
 
@@ -231,8 +259,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, {"object": "list", "data": [model]})
 
     def do_POST(self) -> None:
-        """POST /v1/chat/completions answers with the next scripted reply."""
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
+        """POST /v1/chat/completions answers with the next scripted reply; /v1/audio/transcriptions too."""
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == TRANSCRIPTIONS_PATH:
+            return self._transcribe(raw)
+        body = json.loads(raw or b"null")
         self._record(body=body)
         if self.path != CHAT_PATH:
             return self._send_json(404, _error_body(404, f"no route {self.path}"))
@@ -241,6 +272,23 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(self.fake._next_reply(), body)
         finally:
             self.fake._leave_request()
+
+    def _transcribe(self, raw: bytes) -> None:
+        """Read the multipart form as a server does, record it, and answer with the next scripted transcript."""
+        upload = _parse_form(self.headers.get("Content-Type", ""), raw)
+        self._record(body=upload)
+        if upload is None:
+            return self._send_json(400, _error_body(400, "expected a multipart form with a file"))
+        reply = self.fake._next_reply(transcription=True)
+        if reply.hang:
+            self._wait_for_client_or_stop(None)
+            self.close_connection = True
+            return
+        if reply.delay and self.fake._stopping.wait(reply.delay):
+            return
+        if reply.status != 200:
+            return self._send_json(reply.status, _error_body(reply.status, reply.text), reply.headers)
+        self._send_json(200, {"text": reply.text}, reply.headers)
 
     def _answer(self, reply: Reply, request: dict[str, Any]) -> None:
         if reply.hang:
@@ -345,6 +393,26 @@ def json_bytes(payload: Any) -> bytes:
         return json.dumps(payload, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         return json.dumps(payload).encode("ascii")
+
+
+def _parse_form(content_type: str, raw: bytes) -> Upload | None:
+    """A multipart/form-data body: its text fields and its one file (None when it has no file)."""
+    if not content_type.startswith("multipart/form-data"):
+        return None
+    message = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + raw)
+    fields: dict[str, str] = {}
+    upload = None
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        file_name = part.get_param("filename", header="content-disposition")
+        data = part.get_payload(decode=True) or b""
+        if file_name is None:
+            fields[str(name)] = data.decode("utf-8")
+        else:
+            upload = (str(file_name), part.get_content_type(), data)
+    if upload is None:
+        return None
+    return Upload(fields, *upload)
 
 
 def _error_body(status: int, message: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import pytest
 from telegram.ext import Application
 
+from agent.llm.base import LLM
 from agent.llm.scripted import Reply, ScriptedLLM
 from bot.program.config import Settings
 from bot.telegram.app import build_application, serve
@@ -123,8 +124,8 @@ class RunningBot:
 
 
 async def running_bot(server: FakeTelegramServer, tmp_path: Path, replies: Sequence[Reply] = (), *,
-                      delay: float = 0.0, token_seconds: float = 0.0, llm: ScriptedLLM | None = None,
-                      new_database: bool = False, **overrides: Any) -> RunningBot:
+                      delay: float = 0.0, token_seconds: float = 0.0, llm: LLM | None = None,
+                      new_database: bool = False, start_timeout: float = 10.0, **overrides: Any) -> RunningBot:
     """Start the real application against `server`, with a scripted model (streaming its replies piece by piece,
     `token_seconds` apart, when given); returns once it polls. `new_database` as `qwenbot run --new-database`."""
     settings = bot_settings(server, tmp_path, **overrides)
@@ -135,7 +136,8 @@ async def running_bot(server: FakeTelegramServer, tmp_path: Path, replies: Seque
     task = asyncio.create_task(serve(application, settings, stop_event, poll_timeout=1))
     bot = RunningBot(server, settings, llm, application, stop_event, task)
     # getUpdates is recorded when it answers: wait for the first long poll to be under way instead.
-    await server.wait_for(lambda: task.done() or _ready(server, settings, polls_before), 10, "the bot to start")
+    await server.wait_for(lambda: task.done() or _ready(server, settings, polls_before), start_timeout,
+                          "the bot to start")
     if task.done():
         task.result()  # start-up failed: raise its error here
     return bot

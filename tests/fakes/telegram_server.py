@@ -11,11 +11,11 @@ It serves what the bot calls: getMe, getUpdates (long polling with `timeout`; an
 call's `offset` confirms it, as Telegram does), sendMessage, sendMessageDraft (private chats only, as Telegram;
 `FakeTelegramServer(drafts=False)` answers it "Not Found", as Bot API servers before 9.3 do), editMessageText,
 deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo; and files as the real Bot
-API serves them: `send_document` queues a message with a document, `getFile` answers its `file_path` (refusing a
-file over 20 MB, "file is too big", as Telegram does for bots) and GET /file/bot<token>/<file_path> downloads it.
-The bot's own sendDocument is taken as a multipart upload (refused past Telegram's 50 MB for a bot's document and
-1024-character captions), stored the same way, and listed by `documents()`.
-Like the real server it refuses texts over 4096
+API serves them: `send_document`, `send_voice` and `send_photo` queue a message with a user's file, `getFile`
+answers its `file_path` (refusing a file over 20 MB, "file is too big", as Telegram does for bots) and
+GET /file/bot<token>/<file_path> downloads it (`files_fetched` records the downloads). The bot's own sendDocument is
+taken as a multipart upload (refused past Telegram's 50 MB for a bot's document and 1024-character captions), stored
+the same way, and listed by `documents()`. Like the real server it refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
 method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
 effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
@@ -179,12 +179,13 @@ class FakeTelegramServer:
     """A Bot API server on a free port of 127.0.0.1, holding one bot."""
 
     def __init__(self, *, token: str = TOKEN, bot_id: int = 777000, bot_username: str = "qwen_test_bot",
-                 drafts: bool = True, port: int = 0) -> None:
+                 drafts: bool = True, host: str = "127.0.0.1", port: int = 0) -> None:
         self.token = token
         self.drafts = drafts
         self.bot = User(bot_id, "Qwen Test Bot", username=bot_username, is_bot=True)
         self.calls: list[ApiCall] = []
         self.polls_started = 0  # getUpdates calls received (a call is recorded only when it answers)
+        self.files_fetched: list[str] = []  # file paths downloaded from /file/bot<token>/, in order
         self.failures: list[Failure] = []
         self._state = _State()
         self._update_ids = itertools.count(1)
@@ -192,7 +193,7 @@ class FakeTelegramServer:
         self._changed = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()  # open client connections, closed by `stop`
-        self._httpd = _Server(("127.0.0.1", port), _Handler)
+        self._httpd = _Server((host, port), _Handler)  # tests: loopback, a free port
         self._httpd.daemon_threads = True
         self._httpd.fake = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(
@@ -208,7 +209,7 @@ class FakeTelegramServer:
     @property
     def base_url(self) -> str:
         """What TELEGRAM_BASE_URL should be to reach this server (the token is appended by the client)."""
-        return f"http://127.0.0.1:{self.port}/bot"
+        return f"http://{self._httpd.server_address[0]}:{self.port}/bot"
 
     def start(self) -> "FakeTelegramServer":
         """Start serving in a background thread."""
@@ -314,6 +315,49 @@ class FakeTelegramServer:
             self._state.files[file_id] = (f"documents/file_{number}{_suffix(name)}", content)
         return {"file_id": file_id, "file_unique_id": f"u{number}", "file_name": name, "mime_type": mime_type,
                 "file_size": len(content) if file_size is None else file_size}
+
+    def _keep_file(self, data: bytes, folder: str, extension: str, *, size: int | None = None) -> dict[str, Any]:
+        """Keep `data` as a file a user sent (a recording, a photo); returns its File fields (`size` overrides what is
+        declared)."""
+        with self._lock:
+            number = len(self._state.files) + 1
+            file_id, path = f"file-{number}", f"{folder}/file_{number}.{extension}"
+            self._state.files[file_id] = (path, data)
+        return {"file_id": file_id, "file_unique_id": f"u{number}", "file_size": len(data) if size is None else size}
+
+    def send_voice(self, chat: Chat, user: User, data: bytes, duration: int, *, kind: str = "voice",
+                   caption: str | None = None, reply_to: int | None = None, size: int | None = None) -> int:
+        """`user` sends a recording: a voice note (OGG/Opus), an `audio` file or a `video_note`; returns the
+        message id. `duration` is what Telegram declares (whole seconds)."""
+        media = {**self._keep_file(data, "voice" if kind == "voice" else kind + "s", "oga" if kind == "voice" else
+                                 "mp4" if kind == "video_note" else "mp3", size=size), "duration": duration}
+        if kind == "voice":
+            media["mime_type"] = "audio/ogg"
+        elif kind == "video_note":
+            media["length"] = 240
+        return self._send_media(chat, user, {kind: media}, caption, reply_to)
+
+    def send_photo(self, chat: Chat, user: User, data: bytes, width: int, height: int, *,
+                   caption: str | None = None, reply_to: int | None = None, media_group_id: str | None = None) -> int:
+        """`user` sends a photo, in the sizes Telegram makes of it (a thumbnail, and the original here); returns the
+        message id."""
+        thumbnail = self._keep_file(data, "photos", "jpg")
+        original = self._keep_file(data, "photos", "jpg")
+        sizes = [{**thumbnail, "width": max(1, width // 10), "height": max(1, height // 10)},
+                 {**original, "width": width, "height": height}]
+        extra = {"media_group_id": media_group_id} if media_group_id else {}
+        return self._send_media(chat, user, {"photo": sizes, **extra}, caption, reply_to)
+
+    def _send_media(self, chat: Chat, user: User, fields: dict[str, Any], caption: str | None,
+                    reply_to: int | None) -> int:
+        message = self._user_message(chat, user, None, reply_to)
+        message.update(fields)
+        if caption is not None:
+            message["caption"] = caption
+            if entities := _entities(caption):
+                message["caption_entities"] = entities
+        self.push_update("message", message)
+        return message["message_id"]
 
     def push_message(self, chat: Chat, user: User | None, *, kind: str = "message", **fields: Any) -> int:
         """Any message as an update of `kind` (message, edited_message, channel_post...), for bad-input tests:
@@ -722,7 +766,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Stay quiet: tests assert on recorded calls."""
 
     def do_GET(self) -> None:
-        """GET works for parameterless methods such as getMe, as on the real server."""
+        """GET works for parameterless methods such as getMe, as on the real server (and file downloads)."""
         self._serve({})
 
     def do_POST(self) -> None:
@@ -767,6 +811,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.fake._record("download", {"file_path": path}, 200 if content is not None else 404, {})
         if content is None:
             return self._send(404, _error(404, "Not Found"))
+        with self.fake._lock:
+            self.fake.files_fetched.append(path.split("?")[0])
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(content)))
@@ -831,3 +877,55 @@ def _decode(key: str, value: str) -> Any:
         return json.loads(value)
     except ValueError:
         return value
+
+
+# --- standalone: the fake as a process of its own (deploy/check/run_check.sh talks to a container with it) ---------
+
+def ask_and_wait(server: FakeTelegramServer, user: User, question: str, timeout: float) -> dict[str, Any]:
+    """`user` asks `question` in a private chat once the bot polls; the answer (the bot's first message replying
+    to it) or, after `timeout`, what the chat shows."""
+    deadline = time.monotonic() + timeout
+    while not server.polls_started and time.monotonic() < deadline:
+        time.sleep(0.1)
+    message_id = server.send_text(private_chat(user), user, question)
+    while time.monotonic() < deadline:
+        for call in server.sent(user.id):
+            if (call.params.get("reply_parameters") or {}).get("message_id") == message_id:
+                return {"question": question, "answer": call.result["text"]}
+        time.sleep(0.1)
+    return {"question": question, "answer": None, "chat": server.visible_messages(user.id)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the fake Bot API on HOST:PORT; each line read from stdin is a question from one user, answered on
+    stdout as one JSON line. Serves on after stdin ends, until SIGTERM or SIGINT."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--user-id", type=int, default=1001)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each answer")
+    args = parser.parse_args(argv)
+    server = FakeTelegramServer(host=args.host, port=args.port, drafts=False).start()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(json.dumps({"listening": server.base_url, "token": server.token}), flush=True)
+    user = User(args.user_id, "Operator", "en")
+    try:
+        for line in sys.stdin:
+            if line.strip():
+                print(json.dumps(ask_and_wait(server, user, line.strip(), args.timeout), ensure_ascii=False),
+                      flush=True)
+        signal.pause()
+    finally:
+        calls = {}
+        for call in server.calls:
+            calls[call.method] = calls.get(call.method, 0) + 1
+        print(json.dumps({"calls": calls}), flush=True)
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -208,7 +208,8 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
                   store: PrefixStore | None = None, should_pause: Callable[[], bool] = lambda: False,
                   on_finished: Callable[[BatchRow], None] = lambda row: None,
                   grammars: GrammarEngine | None = None,
-                  speculative: SpeculativeLimits = SpeculativeLimits()) -> None:
+                  speculative: SpeculativeLimits = SpeculativeLimits(),
+                  on_pass: Callable[[int, int], None] = lambda offered, taken: None) -> None:
     """Greedy generation for all `rows` at once, each starting from the longest prefix `store` holds of it.
 
     Fills each row's `new_ids` and, once it ends, its `reason`, and tells `on_finished` at once (its caller need
@@ -216,6 +217,7 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
     newcomer waits), the batch stops after the current step: rows left unfinished keep their KV (`paused_kv`) and
     resume from it in the next batch, beside the newcomer. Rows with a grammar are masked by it (`grammars`
     compiled them); each step may check a few speculative tokens per row (`speculative`, decode_loop.py).
+    `on_pass` hears of every pass through the model (decode_loop.py's `Decoding.on_pass`).
     """
     store = store if store is not None else PrefixStore(0)
     eos = eos_ids(model, tokenizer)
@@ -238,7 +240,7 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
                   len(rows), layout.reused, shared, layout.input_ids.shape[1] - layout.cached)
         # Without a store (PREFIX_CACHE_MB=0) a batch runs to its end: the plain mode.
         run = Decoding(model, tokenizer, eos, pad_id, min_new_tokens, grammars, speculative,
-                       should_pause if store.budget_bytes else (lambda: False), on_finished)
+                       should_pause if store.budget_bytes else (lambda: False), on_finished, on_pass)
         mask = decode(run, rows, layout.input_ids, layout.attention_mask, layout.cached, cache, room, shared)
         _store_rows(rows, mask, cache, store)
 

@@ -48,6 +48,9 @@ class Decoding:
     speculative: SpeculativeLimits = SpeculativeLimits()
     should_pause: Callable[[], bool] = lambda: False
     on_finished: Callable[[Any], None] = lambda row: None
+    # After every pass through the model: the speculative tokens it checked, and how many of them were taken (the
+    # model thread counts them, and knows from it that the batch is making progress).
+    on_pass: Callable[[int, int], None] = lambda offered, taken: None
 
 
 def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: torch.Tensor, cached: int,
@@ -62,6 +65,7 @@ def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: to
     first = _forward(run.model, input_ids[:, cached:], mask, _prompt_positions(mask)[:, cached:], cache, keep=1,
                      **same)
     Verifier(run, rows).take(first, [[] for _ in rows])
+    run.on_pass(0, 0)
     positions = mask.sum(dim=1)  # each row's newest token comes right after its prompt
     passes, offered, agreed = 1, 0, 0
     while any(not row.finished for row in rows) and not run.should_pause():
@@ -76,8 +80,9 @@ def decode(run: Decoding, rows: Sequence[Any], input_ids: torch.Tensor, mask: to
             mask[index, mask.shape[1] - width + count:] = 0
             rows[index].speculative_length.judge(len(guesses[index]), count - 1, run.speculative.per_row)
         positions += torch.tensor(taken, device=mask.device)
-        passes, offered = passes + 1, offered + sum(map(len, guesses))
-        agreed += sum(max(0, count - 1) for count in taken)
+        step_offered, step_agreed = sum(map(len, guesses)), sum(max(0, count - 1) for count in taken)
+        run.on_pass(step_offered, step_agreed)
+        passes, offered, agreed = passes + 1, offered + step_offered, agreed + step_agreed
     log.debug("decoded %d rows in %d passes: %d speculative tokens checked, %d taken", len(rows), passes, offered,
               agreed)
     return mask

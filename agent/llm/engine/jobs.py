@@ -132,6 +132,11 @@ class JobQueue:
         with self._changed:
             return not self._jobs
 
+    def size(self) -> int:
+        """How many jobs wait."""
+        with self._changed:
+            return len(self._jobs)
+
     def fail_all(self, error: BaseException) -> None:
         """Answer every waiting job with `error`, and empty the queue."""
         with self._changed:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -31,11 +32,12 @@ import torch
 
 from agent.errors import LLMCancelled, LLMError, LLMOutOfMemory
 from agent.grammar import Grammar
-from agent.llm.base import Completion, trim_at_stop
+from agent.llm.base import Completion, ModelActivity, ModelCounters, trim_at_stop
 from agent.llm.engine.admission import Admission
 from agent.llm.engine.batch import BatchRow, generate_rows, render_prompt
 from agent.llm.engine.grammar_masks import GrammarEngine, RowGrammar
 from agent.llm.engine.jobs import Job, JobQueue, resolve
+from agent.llm.engine.memory import PREFIX_CACHE_TOKENS, default_prefix_store_bytes
 from agent.llm.engine.prefix_store import PrefixStore
 from agent.llm.engine.speculative import SpeculativeLimits
 from agent.llm.engine.text_stream import TextStream
@@ -56,8 +58,8 @@ class ModelThread:
     """Owns the model thread: loads the model there, then runs batches of jobs until closed."""
 
     def __init__(self, load: Callable[[], LoadedModel], *, admission: Admission,
-                 min_new_tokens: int = 0, prefix_store_bytes: int = 0,
-                 speculative: SpeculativeLimits = SpeculativeLimits()):
+                 min_new_tokens: int = 0, prefix_store_bytes: int | None = 0,
+                 speculative: SpeculativeLimits = SpeculativeLimits(), counters: ModelCounters | None = None):
         self._load = load
         self.admission = admission  # which queued jobs join the next batch, and when a batch pauses for them
         self.speculative = speculative  # speculative tokens a step may check per row and per batch
@@ -72,8 +74,15 @@ class ModelThread:
         # Rows paused so that a newcomer could join: each holds its own KV, and resumes in a later batch (the next
         # one, unless admission holds a background row aside while people's jobs need its place).
         self._paused: list[BatchRow] = []
-        self.prefix_store = PrefixStore(prefix_store_bytes)
+        # None: sized once the model is loaded, from its KV bytes per token (memory.py)
+        self._prefix_store_bytes = prefix_store_bytes
+        self.prefix_store = PrefixStore(prefix_store_bytes or 0)
         self._closing = threading.Event()
+        # Plain counts for whoever reports them (batches, rows, speculative tokens; the queue read when asked),
+        # and when the thread last made progress, for a health check to tell a stuck thread from an idle one.
+        self.counters = counters if counters is not None else ModelCounters()
+        self.counters.queued_jobs = self._jobs.size
+        self._progress_at = time.monotonic()
 
     async def start(self) -> LoadedModel:
         """Start the thread, load the model on it, and wait (without blocking the loop) until it is ready."""
@@ -82,10 +91,20 @@ class ModelThread:
         self._thread.start()
         return await self._loaded
 
+    def activity(self) -> ModelActivity:
+        """Whether the thread is alive, has work (queued or running), and how long since its last step; an idle
+        thread's clock starts again when work arrives. Safe to call from any thread."""
+        working = bool(self._current) or not self._jobs.empty()
+        return ModelActivity(alive=self._thread.is_alive(), working=working,
+                             seconds_since_progress=time.monotonic() - self._progress_at,
+                             detail="" if self._thread.is_alive() or self._exited is None else "it has exited")
+
     def submit(self, job: Job) -> None:
         """Queue a job for the next batch; called on the event loop."""
         if self._exited is None or self._closing.is_set():
             raise LLMError("the local model is not running (start() was not called, or it has closed)")
+        if not self._current and self._jobs.empty():
+            self._progress_at = time.monotonic()  # work arrives at an idle thread: its clock starts now
         self._jobs.put(job)
         if self._closing.is_set():  # it closed between the check and the put: nobody will take the job now
             job.settle(error=LLMError("the local model is shutting down"))
@@ -109,6 +128,10 @@ class ModelThread:
             self._signal(self._loaded, None, error)
             self._signal(self._exited, None, None)
             return
+        if self._prefix_store_bytes is None:
+            self.prefix_store.budget_bytes = default_prefix_store_bytes(loaded.model)
+            log.info("prefix store: up to %d MiB (the KV of %d tokens of this model)",
+                     self.prefix_store.budget_bytes >> 20, PREFIX_CACHE_TOKENS)
         self._signal(self._loaded, loaded, None)
         try:
             self._serve(loaded)
@@ -148,16 +171,18 @@ class ModelThread:
     def _run_batch(self, loaded: LoadedModel, resumed: list[BatchRow], jobs: list[Job]) -> list[BatchRow]:
         """Generate for the resumed rows and every live new job in one batch; return the rows it paused. An error
         fails this batch's callers, not the thread."""
+        self._progress_at = time.monotonic()
         rows = resumed + [row for job in jobs if (row := _prepare(loaded, job)) is not None]
         if not rows:
             return []
         log.debug("generating a batch of %d (longest prompt %d tokens)",
                   len(rows), max(len(row.prompt_ids) for row in rows))
+        self._count_batch(len(rows))
         try:
             generate_rows(loaded.model, loaded.tokenizer, rows, self.min_new_tokens, self.prefix_store,
                           should_pause=lambda: self.admission.should_pause(self._jobs, _live(rows)),
                           on_finished=lambda row: _settle_row(loaded.tokenizer, row), grammars=loaded.grammars,
-                          speculative=self.speculative)
+                          speculative=self.speculative, on_pass=self._count_pass)
         except torch.OutOfMemoryError:
             _free_device_memory()
             _fail(rows, LLMOutOfMemory(
@@ -167,7 +192,21 @@ class ModelThread:
             log.exception("generate failed for a batch of %d", len(rows))
             _fail(rows, LLMError(f"the local model failed: {type(error).__name__}: {error}"))
             return []
+        finally:
+            self.counters.batch_rows = 0
+            self._progress_at = time.monotonic()
         return [row for row in rows if not row.finished]
+
+    def _count_batch(self, rows: int) -> None:
+        self.counters.batches += 1
+        self.counters.batch_rows_total += rows
+        self.counters.batch_rows = rows
+
+    def _count_pass(self, offered: int, taken: int) -> None:
+        """One pass through the model: progress, and the speculative tokens it checked and took."""
+        self._progress_at = time.monotonic()
+        self.counters.speculative_proposed += offered
+        self.counters.speculative_accepted += taken
 
 
 def _live(rows: list[BatchRow]) -> list[Job]:
