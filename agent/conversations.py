@@ -27,8 +27,8 @@ from agent.grammar import (Grammar, GrammarLimits, native_answer_grammar, native
 from agent.images import Picture, with_pictures
 from agent.llm.base import Completion, Message, ModelRequest
 from agent.native import native_answer_so_far, parse_native, strip_thinking
-from agent.prompts import (ANSWER_NOW_NOTE, REACT_STOP, REACT_STOPS, STEP_LIMIT_NOTE, SYSTEM_MESSAGE,
-                           react_instructions, react_prompt, react_question)
+from agent.prompts import (ANSWER_NOW_NOTE, REACT_STOP, REACT_STOPS, STEP_LIMIT_NOTE, react_instructions, react_prompt,
+                           react_question, system_message)
 from agent.react import final_answer_so_far, parse_react, plain_answer_so_far, segments, strip_half_stop
 from agent.steps import Decision, FinalAnswer, FormatProblem, ToolRequest
 from agent.untrusted import defuse
@@ -46,6 +46,7 @@ class TurnRules:
     react_layout: str = "system"  # where the ReAct instructions go (agent/prompts.py: REACT_LAYOUTS)
     held_tools: tuple[Tool, ...] = ()  # replace the turn's tools of the same name in grammars
     left_out: tuple[str, ...] = ()  # tools the grammars leave out (the prompt still shows them)
+    persona: str = ""  # the chat's persona, added to the system message (agent/prompts.py: `system_message`)
 
 
 class Conversation(Protocol):
@@ -92,7 +93,8 @@ class ReactConversation:
         self.first_tools = [tool for tool in self.grammar_tools if tool.name in rules.required_tools]
         self.tool_required = bool(self.first_tools)
         self.messages = _with_question_pictures(
-            _react_messages(_defused(history), defuse(question), self.tools, rules.react_layout), pictures)
+            _react_messages(_defused(history), defuse(question), self.tools, rules.react_layout,
+                            system_message(rules.persona)), pictures)
         self.trace = ""  # the assistant's text so far; the backend continues it
         self.answer_requested = False
         self.answer_numbers: tuple[str, ...] | None = None
@@ -172,7 +174,8 @@ class NativeConversation:
         self.tool_required = bool(self.first_tools)
         self.answer_requested = False
         self.answer_numbers: tuple[str, ...] | None = None
-        self.messages: list[Message] = [{"role": "system", "content": SYSTEM_MESSAGE}, *_defused(history),
+        self.messages: list[Message] = [{"role": "system", "content": system_message(rules.persona)},
+                                        *_defused(history),
                                         {"role": "user", "content": with_pictures(defuse(question), pictures)}]
 
     def request(self) -> ModelRequest:
@@ -220,17 +223,19 @@ class NativeConversation:
         return native_answer_so_far(text)
 
 
-def _react_messages(history: Sequence[Message], question: str, tools: Sequence[Tool], layout: str) -> list[Message]:
-    """The messages of a ReAct turn. In the "system" layout the instructions and tools lead the system message
-    and every question, past ones too, reads `Question: …`: the prompt then grows only at its end from one turn
-    to the next, so its start stays cached; "question" is Qwen's examples exactly."""
+def _react_messages(history: Sequence[Message], question: str, tools: Sequence[Tool], layout: str,
+                    system: str) -> list[Message]:
+    """The messages of a ReAct turn, under the `system` message's own text. In the "system" layout the instructions
+    and tools follow it in the system message and every question, past ones too, reads `Question: …`: the prompt
+    then grows only at its end from one turn to the next, so its start stays cached; "question" is Qwen's examples
+    exactly."""
     if not tools:
-        return [{"role": "system", "content": SYSTEM_MESSAGE}, *history, {"role": "user", "content": question}]
+        return [{"role": "system", "content": system}, *history, {"role": "user", "content": question}]
     if layout == "question":
-        return [{"role": "system", "content": SYSTEM_MESSAGE}, *history,
+        return [{"role": "system", "content": system}, *history,
                 {"role": "user", "content": react_prompt(tools, question)}]
     past = [{**m, "content": react_question(m["content"])} if m["role"] == "user" else m for m in history]
-    return [{"role": "system", "content": f"{SYSTEM_MESSAGE}\n\n{react_instructions(tools)}"}, *past,
+    return [{"role": "system", "content": f"{system}\n\n{react_instructions(tools)}"}, *past,
             {"role": "user", "content": react_question(question)}]
 
 

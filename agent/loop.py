@@ -27,13 +27,15 @@ from agent.garbage import streamable
 from agent.grammar import GrammarLimits
 from agent.grounding import Grounds
 from agent.images import Picture
+from agent.history import history_messages
 from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink
-from agent.memory import Memory, Session, TurnRecord, utc_now
+from agent.memory import HistoryView, Memory, Session, TurnRecord, utc_now
 from agent.apologies import apology, language_of
 from agent.options import ChatOptions
 from agent.prompts import REPEATED_CALL_NOTE, TOOL_FIRST_PROBLEM, format_reminder, tool_first_reminder
 from agent.review import AnswerReview, Verdict
 from agent.steps import FinalAnswer, FormatProblem, Step, StepKind, ToolRequest, TurnResult, TurnStatus
+from agent.summaries import Summarizer
 from agent.unicode import clean_text
 from db import DatabaseBusy, DatabaseGone
 from tools.registry import Tool, ToolRegistry, tools_for_turn
@@ -65,6 +67,10 @@ class AgentLimits:
     grounded_answers: bool = True
     # Tool calls a question naming known entities may make beyond one per entity before its answer is asked for.
     extra_tool_calls: int = 1
+    # What the next turn keeps of the last turn's observations (a follow-up is answered without a second lookup).
+    last_observations_tokens: int = 300
+    # The persona of chats that have none of their own (/persona sets one): added to the system prompt.
+    default_persona: str = ""
 
 
 @dataclass
@@ -76,6 +82,7 @@ class TurnState:
     on_event: EventSink | None
     session: Session
     user_id: int | None = None
+    user_key: str = ""  # whose calls these are, for the model's fair shares (`user_key`)
     steps: list[Step] = field(default_factory=list)
     seen: dict[str, str] = field(default_factory=dict)
     model_calls: int = 0
@@ -119,13 +126,15 @@ class Agent:
     """Answers questions with a model and tools, remembering each session's turns."""
 
     def __init__(self, llm: LLM, registry: ToolRegistry, tool_settings: ToolSettings, memory: Memory,
-                 limits: AgentLimits = AgentLimits(), options: ChatOptions | None = None):
+                 limits: AgentLimits = AgentLimits(), options: ChatOptions | None = None,
+                 summarizer: Summarizer | None = None):
         self.llm = llm
         self.registry = registry
         self.tool_settings = tool_settings
         self.memory = memory
         self.limits = limits
         self.options = options
+        self.summarizer = summarizer  # folds long histories into a summary after a turn (None: never)
 
     async def run(self, session: Session, question: str, *, user_id: int | None = None,
                   source_key: str | None = None, on_event: EventSink | None = None,
@@ -144,12 +153,12 @@ class Agent:
         started, started_at = time.perf_counter(), utc_now()
         question = clean_text(question)  # e.g. undecodable bytes of a command line: SQLite could not store them
         tools = await tools_for_turn(await self.tool_settings.enabled_tools(session.chat_key))
-        state = TurnState(tools, cancel or CancelToken(), on_event, session, user_id)
-        history = await self.memory.history_window(session.id, self.llm.count_tokens, self.limits.history_token_budget)
+        state = TurnState(tools, cancel or CancelToken(), on_event, session, user_id, user_key(session, user_id))
+        history = await self._history(session)
         grammar = self.limits.grammar.within(self.limits.max_new_tokens) if self.limits.grammar else None
         entities = await link_entities(tools, question)
         rules = TurnRules(grammar, await self._tools_required(session, entities), self.limits.react_layout,
-                          entities.held_tools, entities.left_out)
+                          entities.held_tools, entities.left_out, await self._persona(session))
         conversation = start_conversation(self.limits.mode, history, question, state.tools, rules, pictures)
         self._arm_safety_nets(state, conversation, question, history, entities, bool(pictures))
         # The record's result is a placeholder until the turn ends, one way or the other.
@@ -165,7 +174,23 @@ class Agent:
             turn_id = await save()
         except DatabaseBusy as error:  # the answer is there: the caller may deliver it and store it later
             raise TurnNotSaved(str(error), result, save) from error
+        if self.summarizer is not None:
+            self.summarizer.after_turn(session.id, state.user_key)
         return replace(result, turn_id=turn_id)
+
+    async def _history(self, session: Session) -> list:
+        """What the model sees of the session's past: its summary, the newest turns that fit the budget, and the
+        last turn's observations (agent/history.py)."""
+        count = self.llm.count_tokens
+        view: HistoryView = await self.memory.history_view(session.id, count, self.limits.history_token_budget)
+        last_steps = await self.memory.turn_steps(view.turns[-1].turn_id, tools_only=True) if view.turns else []
+        return history_messages(view, last_steps, count, self.limits.last_observations_tokens)
+
+    async def _persona(self, session: Session) -> str:
+        """The chat's persona (its own, else the global one, else DEFAULT_PERSONA)."""
+        if self.options is None:
+            return self.limits.default_persona
+        return await self.options.persona(session.chat_key, self.limits.default_persona)
 
     async def _tools_required(self, session: Session, entities: Entities) -> tuple[str, ...]:
         """The first-step policy: the tools one of which this question must call before its final answer (those
@@ -292,7 +317,8 @@ class Agent:
         request = conversation.request()
         state.emit(ModelCall(state.model_calls + 1))
         completion = await self.llm.complete(replace(request, max_new_tokens=self.limits.max_new_tokens,
-                                                     cancel=state.cancel, on_text=_answer_stream(conversation, state)))
+                                                     cancel=state.cancel, on_text=_answer_stream(conversation, state),
+                                                     user_key=state.user_key))
         state.model_calls += 1
         state.prompt_tokens += completion.prompt_tokens
         state.completion_tokens += completion.completion_tokens
@@ -367,6 +393,12 @@ def _hold_numbers(conversation: Conversation, state: TurnState) -> None:
     """Let the grammar's answers write only the numbers grounded so far (when answers are grounded)."""
     grounds = state.review.grounds if state.review is not None else None
     conversation.answer_numbers = grounds.literals() if grounds is not None else None
+
+
+def user_key(session: Session, user_id: int | None) -> str:
+    """Whose model calls a turn makes, for the model's fair shares: its user, or its session when no user is known
+    (the terminal, an evaluation)."""
+    return f"user:{user_id}" if user_id is not None else f"session:{session.id}"
 
 
 def _label(tool: Tool | None, name: str) -> str:

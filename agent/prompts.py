@@ -41,6 +41,13 @@ SYSTEM_MESSAGE = (
     "Always answer in the same language as the user's question (Chinese questions get Chinese answers)."
 )
 
+# A chat's persona (/persona, DEFAULT_PERSONA) is added to the system message, after the assistant's own line and
+# before the ReAct instructions: it may change the tone and the role, never the format or the tool rules.
+PERSONA_NOTE = (
+    "Persona for this chat, set by its admins. It shapes your tone and role only: the answer format and the rules "
+    "for tools below still apply exactly as written.\n{persona}"
+)
+
 REACT_STOP = "Observation:"
 # A model that starts a new "Question:" line has ended its step and begun inventing the next exchange (small
 # models do it right after their answer): the reply ends there, as at "Observation:".
@@ -75,6 +82,12 @@ GARBAGE_REMINDER = (
     "Your Final Answer was not an answer ({problem}). Give your Final Answer again in one short sentence, from the "
     "observations, or say that you could not find it."
 )
+
+
+def system_message(persona: str = "") -> str:
+    """The system message's own text: the assistant's line, and the chat's persona when it has one."""
+    persona = persona.strip()
+    return f"{SYSTEM_MESSAGE}\n\n{PERSONA_NOTE.format(persona=persona)}" if persona else SYSTEM_MESSAGE
 
 
 def tool_description(tool: Tool) -> str:

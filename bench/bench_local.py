@@ -53,9 +53,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODES = {"local": "local", "local-nocache": "local, no cache", "local-streamed": "local, streamed",
          "raw": "raw generate", "local-grammar": "local, grammar", "local-int8": "local, int8",
-         "local-fp32": "local, fp32", "local-nodrafts": "local, no drafts"}
-# Modes that fix MODEL_DTYPE whatever --dtype says: exact fp32 beside `auto` (bf16 on CPUs that have it), and int8.
-MODE_DTYPES = {"local-int8": "int8", "local-fp32": "float32"}
+         "local-fp32": "local, fp32", "local-nodrafts": "local, no drafts", "local-int4": "local, int4",
+         "local-bf16": "local, bf16"}
+# Modes that fix MODEL_DTYPE whatever --dtype says: exact fp32 beside `auto`, and each other mode auto may pick.
+MODE_DTYPES = {"local-int8": "int8", "local-fp32": "float32", "local-int4": "int4", "local-bf16": "bfloat16"}
 # Tokens that end a llama.cpp generation besides the GGUF's eos/eot ids (llama-vocab.cpp treats these as "end of
 # generation" by their text).
 END_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|return|>", "</s>")
@@ -411,7 +412,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--probes", type=int, default=5, help="at most this many probes per row")
     parser.add_argument("--batch-size", type=int, default=8, help="BATCH_SIZE of the model thread")
     parser.add_argument("--batch-wait-ms", type=int, default=20, help="BATCH_WAIT_MS of the model thread")
-    parser.add_argument("--prefix-cache-mb", type=int, default=512, help="PREFIX_CACHE_MB of the cached mode")
+    parser.add_argument("--prefix-cache-mb", type=int, default=None,
+                        help="PREFIX_CACHE_MB of the cached mode (default: auto, sized from the model)")
     parser.add_argument("--speculative-tokens", type=int, default=5, help="SPECULATIVE_TOKENS of our modes (0: none)")
     parser.add_argument("--speculative-step-tokens", type=int, default=8, help="SPECULATIVE_STEP_TOKENS of our modes")
     parser.add_argument("--dtype", default="auto", help="MODEL_DTYPE (auto: bf16 where the hardware has it)")

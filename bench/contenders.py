@@ -51,7 +51,7 @@ class Spec:
     device_map: str = "cpu"
     batch_size: int = 8
     batch_wait_ms: int = 20
-    prefix_cache_mb: int = 512
+    prefix_cache_mb: int | None = None  # None: PREFIX_CACHE_MB=auto
     converted_dir: str = ""
     openai_url: str = ""
     openai_model: str = "smol"
@@ -120,7 +120,8 @@ def settings_for(spec: Spec, folder: Path) -> Settings:
                        model_device_map=spec.device_map, model_dtype=spec.dtype,
                        database_path=folder / "bench.sqlite3", batch_size=spec.batch_size,
                        batch_wait_ms=spec.batch_wait_ms, max_new_tokens=spec.new_tokens, turn_timeout_seconds=3600,
-                       prefix_cache_mb=spec.prefix_cache_mb, tokenizer_vocab_path=ROOT / "data" / "qwen.tiktoken",
+                       prefix_cache_mb="auto" if spec.prefix_cache_mb is None else str(spec.prefix_cache_mb),
+                       tokenizer_vocab_path=ROOT / "data" / "qwen.tiktoken",
                        openai_base_url=spec.openai_url, openai_model=spec.openai_model,
                        constrained_decoding=spec.grammar, speculative_tokens=spec.speculative_tokens,
                        speculative_step_tokens=spec.speculative_step_tokens)
@@ -213,7 +214,10 @@ class RawContender:
         from agent.llm.engine.prefix_store import PrefixStore
 
         self.spec, self.services, self.recorder, self.loaded = spec, services, recorder, loaded
-        self.store = PrefixStore(spec.prefix_cache_mb << 20)
+        from agent.llm.engine.memory import default_prefix_store_bytes
+
+        self.store = PrefixStore(default_prefix_store_bytes(loaded.model) if spec.prefix_cache_mb is None
+                                 else spec.prefix_cache_mb << 20)
         self.memory, self.gpu = PeakMemory(), GpuPeak()
 
     async def row(self, plan: RowPlan) -> dict[str, Any]:

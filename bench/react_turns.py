@@ -125,7 +125,8 @@ class ScriptedReact(LLM):
         constraint = endless(grammar) if self.grammar and grammar is not None else None
         real = await self.inner.complete(ModelRequest(messages, tools=request.tools, grammar=constraint,
                                                       max_new_tokens=self.new_tokens, cancel=request.cancel,
-                                                      on_text=request.on_text))
+                                                      on_text=request.on_text, user_key=request.user_key,
+                                                      priority=request.priority))
         self.calls.append(CallRecord(asked.n, real.prompt_tokens, real.cached_tokens, real.completion_tokens,
                                      time.perf_counter() - started))
         self.prompts.append(list(messages))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -12,6 +13,8 @@ import pytest
 from agent.llm.local import LocalLLM
 
 GGUF = Path(__file__).resolve().parents[1] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Where `started_local_llm` puts the model: cpu, or (bench/gpu_check.sh) cuda on a GPU machine.
+DEVICE_MAP = os.environ.get("QWENBOT_TEST_DEVICE_MAP", "cpu")
 
 
 def real_model_test(test):
@@ -26,7 +29,7 @@ async def started_local_llm(**options) -> LocalLLM:
     and a run alone, and these tests compare exactly that (the issue's "token for token, same dtype")."""
     if not GGUF.is_file():
         pytest.fail(f"{GGUF} is missing: run scripts/fetch_assets.sh (scripts/test.sh does)")
-    backend = LocalLLM(str(GGUF), **{"device_map": "cpu", "dtype": "float32", "batch_size": 8, **options})
+    backend = LocalLLM(str(GGUF), **{"device_map": DEVICE_MAP, "dtype": "float32", "batch_size": 8, **options})
     await backend.start()
     return backend
 

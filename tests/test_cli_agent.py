@@ -69,3 +69,32 @@ def test_model_failure_is_one_line_not_a_traceback(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == "qwenbot: scripted model has no more replies"
     assert "Traceback" not in done.stderr
+
+
+def test_each_ask_is_a_fresh_session_unless_one_is_named(tmp_path):
+    first = qwenbot(tmp_path, "ask", QUESTION)
+    again = qwenbot(tmp_path, "ask", QUESTION)
+    assert first.returncode == again.returncode == 0
+    with sqlite3.connect(tmp_path / "bot.sqlite3") as conn:
+        sessions = [row[0] for row in conn.execute("SELECT session_id FROM turns ORDER BY id")]
+    assert len(set(sessions)) == 2 and all(s.startswith("cli:ask:") for s in sessions)  # nothing shared
+
+    for _ in range(2):
+        assert qwenbot(tmp_path, "ask", "--session", "cli:notes", QUESTION).returncode == 0
+    with sqlite3.connect(tmp_path / "bot.sqlite3") as conn:
+        kept = conn.execute("SELECT count(*) FROM messages WHERE session_id = 'cli:notes'").fetchone()[0]
+    assert kept == 4  # the second run saw, and added to, the first one's history
+    assert "fresh session" in subprocess.run([sys.executable, "-m", "bot.program.cli", "ask", "--help"],
+                                             capture_output=True, text=True, cwd=Path(__file__).parent.parent).stdout
+
+
+def test_export_prints_a_sessions_history_as_markdown(tmp_path):
+    assert qwenbot(tmp_path, "ask", "--session", "cli:notes", QUESTION).returncode == 0
+    done = qwenbot(tmp_path, "export", "cli:notes")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("# Chat history: cli:notes\n")
+    assert f"> {QUESTION}" in done.stdout and "大模型技术实战目前一共上线了200节。" in done.stdout
+    assert "Action: course_query" in done.stdout  # the terminal is at the server: steps included
+    assert "Action:" not in qwenbot(tmp_path, "export", "--no-steps", "cli:notes").stdout
+    missing = qwenbot(tmp_path, "export", "cli:nothing")
+    assert missing.returncode == 1 and missing.stderr.strip() == "qwenbot: no history in session 'cli:nothing'"

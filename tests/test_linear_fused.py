@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from agent.llm.engine.linear_bf16 import pack_linears
 from agent.llm.engine.linear_fused import ProjectionSlice, StackedProjections, fuse_projections
-from agent.llm.engine.linear_int8 import quantize_int8
+from agent.llm.engine.linear_int8 import Int8Linear, quantize_int8
 
 
 def projections(bias: bool, dtype: torch.dtype) -> list[torch.nn.Linear]:
@@ -93,7 +93,7 @@ def test_an_int8_model_stacked_before_quantizing_gives_the_same_tokens_and_score
     assert fuse_projections(fused) == 4
     fused = quantize_int8(fused)
     stacked = fused.model.layers[0].self_attn.qkv_proj.stacked
-    assert type(stacked) is torch.ao.nn.quantized.dynamic.Linear and stacked.out_features == 48 + 2 * 16
+    assert type(stacked) is Int8Linear and stacked.out_features == 48 + 2 * 16
     fused_tokens, fused_logits = greedy(fused)
     assert fused_tokens == tokens and torch.equal(fused_logits, logits)
 

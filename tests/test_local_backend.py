@@ -396,14 +396,15 @@ def test_native_mode_on_a_template_that_ignores_tools_stops_at_start_in_one_line
 
 
 @real_model_test
-async def test_int8_loads_quantized_and_still_answers(caplog) -> None:
-    backend = LocalLLM(str(GGUF), device_map="cpu", dtype="int8", batch_size=8)
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+async def test_quantized_weights_load_and_still_answer(caplog, dtype: str) -> None:
+    backend = LocalLLM(str(GGUF), device_map="cpu", dtype=dtype, batch_size=8)
     with caplog.at_level(logging.INFO, logger="agent.llm"):
         await backend.start()
     try:
         reply = await backend.complete(ModelRequest(FRANCE, max_new_tokens=12))
     finally:
         await backend.close()
-    assert "(int8 on cpu)" in caplog.text
-    assert ("the KV cache in bf16" in caplog.text) == cpu_has_native_bf16()
+    assert f"({dtype} on cpu)" in caplog.text
+    assert (f"{dtype} weights; embedding, norms, attention and KV cache in bf16" in caplog.text) == cpu_has_native_bf16()
     assert "Paris" in reply.text and reply.completion_tokens <= 12

@@ -17,6 +17,7 @@ import torch
 from agent.llm.base import ModelRequest
 from agent.llm.engine.kv_cache import batch_cache
 from agent.llm.engine.batch import cache_argument, lay_out
+from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear
 from agent.llm.engine.loading import converted_folder, load_model, resolve_model
 from agent.llm.local import LocalLLM
 from agent.llm.engine.prefix_store import Hit, PrefixStore
@@ -290,9 +291,9 @@ async def test_int8_stacks_each_layers_projections_before_quantizing_them(backen
     step makes 4 quantized products a layer, not 7; tests/test_fused_linear.py checks the tokens do not change."""
     _, _, converted = backends
     model = load_model(resolve_model(str(GGUF)), "cpu", "int8", converted_dir=converted).model
-    quantized = [module for module in model.modules() if isinstance(module, torch.ao.nn.quantized.dynamic.Linear)]
+    quantized = [module for module in model.modules() if isinstance(module, Int8Linear)]
     layers = model.config.num_hidden_layers
-    assert len(quantized) == 4 * layers + 1  # and the output layer
+    assert len(quantized) == 4 * layers and type(model.lm_head) is OutputInt8Linear  # its inputs unrounded
     attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     assert attention.qkv_proj.stacked in quantized and mlp.gate_up_proj.stacked in quantized
     assert attention.qkv_proj.stacked.out_features == (model.config.num_attention_heads

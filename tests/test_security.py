@@ -33,6 +33,7 @@ from agent.prompts import react_prompt
 from agent.steps import TurnResult
 from bot.program.audit import audit
 from bot.program.logs import REDACTED, configure_logging
+from bot.program.texts import language
 from bot.telegram.i18n import text
 from db import Database
 from tests.fakes.telegram_bot import ADMIN, ALICE, BOB, CAROL, TEAM, final, private_chat, running_bot
@@ -58,9 +59,14 @@ ADMIN_EXAMPLES = {
     "mcp_del": "/mcp_del wiki", "mcp_refresh": "/mcp_refresh wiki",
     "require_tool": "/require_tool on",
     "docs all": "/docs all", "doc_add": "/doc_add global", "doc_del": "/doc_del 1", "doc_scope": "/doc_scope 1 global",
+    "persona": "/persona You are Ada, a patient tutor.", "quota_set": f"/quota_set {ALICE.id} turns 5",
 }
 ANONYMOUS_ADMIN = User(1087968824, "Group", username="GroupAnonymousBot", is_bot=True)  # Telegram's stand-in
-REFUSED = "⛔ This command is for admins only."
+
+
+def refused(user: User) -> str:
+    """The admins-only line, in the sender's Telegram language (as every admin reply is)."""
+    return text("admins_only", language(user.language_code))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -105,7 +111,7 @@ async def test_admin_commands_are_refused_to_everyone_else_and_change_nothing(sh
         # REFUSAL_INTERVAL_SECONDS, with their id), never word of the admin commands (issue 43)
         assert outcome.replies in ([], [text('not_allowed', 'en', user_id=BOB.id)])
     else:
-        assert outcome.reply == REFUSED
+        assert outcome.reply == refused(user)
     assert outcome.changed() == set() and outcome.added("audit_log") == []
 
 
@@ -124,7 +130,7 @@ async def test_the_same_commands_from_an_admin_do_change_data_and_are_audited(sh
 async def test_allow_gives_access_never_admin_rights(shared):
     await shared.send(private_chat(ADMIN), ADMIN, text=f"/allow {BOB.id}")
     outcome = await shared.send(private_chat(BOB), BOB, text="/course_del 大模型技术实战")
-    assert outcome.reply == REFUSED and outcome.changed() == set()
+    assert outcome.reply == refused(BOB) and outcome.changed() == set()
     await shared.send(private_chat(ADMIN), ADMIN, text=f"/deny {BOB.id}")
 
 

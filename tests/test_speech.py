@@ -8,6 +8,7 @@ import asyncio
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -127,10 +128,14 @@ async def test_whisper_base_transcribes_the_english_question_word_for_word(local
 
 
 @real_asr_test
-async def test_whisper_base_detects_chinese_and_hears_its_robust_words(local_transcriber):
+async def test_whisper_base_detects_chinese_and_writes_chinese(local_transcriber):
+    # The Chinese sample is synthetic speech that whisper-base understands only in part (tests/data/README.md), so
+    # its words are not asserted: whisper's temperature fallback samples at random on unclear audio, and a run
+    # heard "学习…多少" where another heard "記記學…以光". What must hold is the language and the script.
     transcript = await local_transcriber.transcribe(recording("question_zh.ogg"))
     assert transcript.language == "zh"
-    assert "多少" in transcript.text and ("學習" in transcript.text or "学习" in transcript.text)
+    han = [c for c in transcript.text if "\u4e00" <= c <= "\u9fff"]
+    assert len(han) >= 4 and not re.search(r"[A-Za-z]{3,}", transcript.text)
 
 
 @real_asr_test

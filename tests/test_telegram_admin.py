@@ -4,30 +4,31 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakes.telegram_bot import (ADMIN, ALICE, QWEN_FINAL, QWEN_LOOKUP, TEAM, final, private_chat, start_bot,
-                                      telegram_server)
+from tests.fakes.telegram_bot import (ADMIN, ALICE, CAROL, QWEN_FINAL, QWEN_LOOKUP, TEAM, final, private_chat,
+                                      start_bot, telegram_server)
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
 
 ADMIN_COMMANDS = ["/tool_on calculator", "/tool_off course_query", "/tool_off course_query global", "/tools all",
                   "/courses", "/course_add 强化学习实战 120 2 1.5", "/course_set 大模型技术实战 lessons 999",
                   "/course_del 大模型技术实战", "/allow 2002", "/deny 1001", "/admins", "/stats",
-                  "/require_tool on", "/require_tool off global"]
+                  "/require_tool on", "/require_tool off global", "/persona 你是小明", "/persona reset",
+                  "/quota_set 1001 turns 5"]
 
 
 async def database_state(bot) -> list:
     return [await bot.query(sql) for sql in (
         "SELECT * FROM tool_settings", "SELECT * FROM chat_options", "SELECT name, lessons FROM courses ORDER BY id",
-        "SELECT kind, subject_id, allowed FROM access_list", "SELECT * FROM audit_log")]
+        "SELECT kind, subject_id, allowed FROM access_list", "SELECT * FROM audit_log", "SELECT * FROM user_quotas")]
 
 
 async def test_every_admin_command_is_refused_for_others_and_changes_nothing(start_bot, telegram_server):
     bot = await start_bot()
     before = await database_state(bot)
     for command in ADMIN_COMMANDS:
-        reply = await bot.ask(private_chat(ALICE), ALICE, command)
-        assert "admins only" in reply, command
-    assert await bot.ask(TEAM, ALICE, "/course_del@qwen_test_bot 大模型技术实战") == \
+        reply = await bot.ask(private_chat(ALICE), ALICE, command)  # Alice writes Chinese: so is her refusal
+        assert reply == "⛔ 这个命令只有管理员可以用。", command
+    assert await bot.ask(TEAM, CAROL, "/course_del@qwen_test_bot 大模型技术实战") == \
         "⛔ This command is for admins only."
     assert await database_state(bot) == before
 

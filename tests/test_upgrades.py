@@ -136,6 +136,14 @@ FIXTURES: dict[str, list[Row] | Nothing] = {
                       "status": "answered", "model_calls": 1, "prompt_tokens": 700, "completion_tokens": 20,
                       "started_at": "2025-05-01T10:01:00.000Z", "duration_ms": 4100, "input_kind": "voice"}),
     ),
+    "0017_conversations": rows(
+        Row("session_summaries", {"session_id": "tg:1001", "summary": "Alice asked how many lessons 大模型实战 has: 200.",
+                                  "through_turn_id": 1, "folded_turns": 1, "language": "zh",
+                                  "updated_at": "2025-05-01T10:02:00.000Z"}),
+        Row("user_quotas", {"user_id": 1001, "kind": "turns", "daily_limit": 50, "set_by": 42,
+                            "updated_at": "2025-05-01T10:03:00.000Z"}),
+        Row("chat_options", {"scope": "tg:1001", "name": "persona", "value": "You are Ada, a patient tutor."}),
+    ),
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
@@ -26,7 +27,15 @@ Message = dict[str, Any]
 TextSink = Callable[[str], None]
 
 # The values of MODEL_DTYPE: `auto` lets the backend choose for the hardware it runs on.
-MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")
+
+
+class Priority(StrEnum):
+    """Who waits for a call: a person (`NORMAL`), or nobody right now (`LOW`: a background job such as a history
+    summary, which a backend runs only in capacity no person's call is using)."""
+
+    NORMAL = "normal"
+    LOW = "low"
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,10 @@ class ModelRequest:
     it is generated (see the module docstring). `grammar`, when given, is what the reply must look like
     (agent/grammar.py); a backend that cannot apply it generates without it. `cancel` stops the call at its next
     step. A conversation makes the first four (agent/conversations.py); the agent's loop adds the rest (`replace`).
+
+    `user_key` says whose call it is (a user, or a session when no user is known): a backend that queues calls
+    shares its capacity fairly among the keys waiting (engine/admission.py). `priority` LOW marks a call nobody is
+    waiting for.
     """
 
     messages: Sequence[Message]
@@ -46,6 +59,8 @@ class ModelRequest:
     max_new_tokens: int = 512
     cancel: "CancelToken | None" = None
     on_text: TextSink | None = None
+    user_key: str = ""
+    priority: Priority = Priority.NORMAL
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from agent.errors import LLMError
 from agent.llm.base import LLM, Completion, ModelActivity, ModelRequest
-from agent.llm.engine.admission import FirstComeAdmission
+from agent.llm.engine.admission import FairAdmission
 from agent.llm.engine.jobs import Job
 from agent.llm.engine.loading import check_dtype_setting, load_model, resolve_model
 from agent.llm.engine.model_thread import ModelThread
@@ -29,12 +29,13 @@ class LocalLLM(LLM):
 
     def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
                  batch_wait_ms: int = 20, min_new_tokens: int = 0, converted_dir: Path | None = None,
-                 prefix_cache_mb: int = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
-                 native_tools: bool = False, speculative: SpeculativeLimits = SpeculativeLimits()):
+                 prefix_cache_mb: int | None = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
+                 native_tools: bool = False, speculative: SpeculativeLimits = SpeculativeLimits(),
+                 low_priority_rows: int = 1):
         self.model_setting = model
         self.speculative = speculative
         self.converted_dir = converted_dir
-        self.prefix_cache_mb = prefix_cache_mb
+        self.prefix_cache_mb = prefix_cache_mb  # None: sized from the model once loaded (engine/memory.py)
         self.base_dir = base_dir  # where a relative MODEL path is looked for (the data directory)
         self.cache_dir = cache_dir  # where hub models are downloaded to and looked for
         self.native_tools = native_tools  # AGENT_MODE=native: the chat template must render tools
@@ -42,6 +43,7 @@ class LocalLLM(LLM):
         self.dtype = dtype
         self.batch_size = batch_size
         self.batch_wait_ms = batch_wait_ms
+        self.low_priority_rows = low_priority_rows  # background rows (summaries) a batch may hold at once
         self.min_new_tokens = min_new_tokens  # benchmarks only: fixed-length generations
         self._thread: ModelThread | None = None
         self._counter: Any = None  # the event loop's own tokenizer, for count_tokens
@@ -52,8 +54,10 @@ class LocalLLM(LLM):
         check_dtype_setting(self.dtype)
         thread = ModelThread(lambda: load_model(source, self.device_map, self.dtype, self.converted_dir,
                                                 self.cache_dir, self.native_tools),
-                             admission=FirstComeAdmission(self.batch_size, self.batch_wait_ms / 1000),
-                             min_new_tokens=self.min_new_tokens, prefix_store_bytes=self.prefix_cache_mb << 20,
+                             admission=FairAdmission(self.batch_size, self.batch_wait_ms / 1000,
+                                                     self.low_priority_rows),
+                             min_new_tokens=self.min_new_tokens,
+                             prefix_store_bytes=None if self.prefix_cache_mb is None else self.prefix_cache_mb << 20,
                              speculative=self.speculative, counters=self.counters)
         loaded = await thread.start()
         # A copy is a separate Rust object, so the loop and the model thread never share a tokenizer. Copying
@@ -68,13 +72,16 @@ class LocalLLM(LLM):
 
     async def complete(self, request: ModelRequest) -> Completion:
         """Queue the request for the next batch and await its row (decoded under its grammar, if any; its text
-        streamed to its `on_text` as the model thread generates it); cancelling the awaiting task cancels the row."""
+        streamed to its `on_text` as the model thread generates it); cancelling the awaiting task cancels the row.
+        Admission shares the rows round-robin across the requests' `user_key`s; a LOW request runs only while no
+        other request waits or runs (engine/admission.py)."""
         if self._thread is None:
             raise LLMError("the local model is not started")
         loop = asyncio.get_running_loop()
         job = Job(list(request.messages), tuple(request.stop), request.max_new_tokens,
                   list(request.tools) if request.tools else None, loop, loop.create_future(), grammar=request.grammar,
-                  caller_cancel=request.cancel, on_text=request.on_text)
+                  caller_cancel=request.cancel, on_text=request.on_text, user_key=request.user_key,
+                  priority=request.priority)
         self._thread.submit(job)
         try:
             return self.counters.count(await job.future)

@@ -46,7 +46,8 @@ from openai import AsyncOpenAI
 from agent.errors import ImagesRefused, LLMCancelled, LLMError, LLMTimeout
 from agent.grammar import Grammar
 from agent.images import text_of
-from agent.llm.base import LLM, CancelToken, Completion, Message, ModelRequest, TextSink, ToolCall, trim_at_stop
+from agent.llm.base import (LLM, CancelToken, Completion, Message, ModelRequest, Priority, TextSink, ToolCall,
+                            trim_at_stop)
 from agent.llm.openai_stream import StreamedReply, StreamLimits
 from agent.tokens import TokenCounter, estimate_tokens
 from agent.unicode import clean_json, clean_text
@@ -91,6 +92,7 @@ class OpenAILLM(LLM):
         max_retries: int = 3,
         count_tokens: TokenCounter = estimate_tokens,
         grammar: str = "off",
+        low_priority_concurrency: int = 1,
         vision: str = "auto",
     ) -> None:
         if grammar != "off" and grammar not in GRAMMAR_FIELDS:
@@ -106,6 +108,10 @@ class OpenAILLM(LLM):
         self.server_wait_seconds = server_wait_seconds  # how long a server that refuses connections may take to start
         self._api_key = api_key or "EMPTY"  # local servers ignore the key, but the client insists on one
         self._count = count_tokens
+        # Background calls (Priority.LOW: summaries) go through their own narrow lane, so that however many are due
+        # they take at most this many of the server's slots, and people's calls are never queued behind them here.
+        self.low_priority_concurrency = low_priority_concurrency
+        self._low_lane: asyncio.Semaphore | None = None
         # No read time-out of the client's own: the first-token and silence limits are timed here, per chunk,
         # because keep-alive pings would reset a socket-level read time-out while nothing is generated.
         self._client = AsyncOpenAI(base_url=base_url, api_key=self._api_key, max_retries=max_retries,
@@ -214,7 +220,16 @@ class OpenAILLM(LLM):
         return self._count(text)
 
     async def complete(self, request: ModelRequest) -> Completion:
-        """One streamed chat completion; an assistant message last is continued (see `fold_assistant_prefix`)."""
+        """One streamed chat completion; an assistant message last is continued (see `fold_assistant_prefix`).
+        A LOW-priority request waits for a place in the background lane (OPENAI_LOW_PRIORITY_CONCURRENCY)."""
+        if request.priority != Priority.LOW:
+            return await self._complete(request)
+        if self._low_lane is None:  # made here, on the loop that uses it
+            self._low_lane = asyncio.Semaphore(self.low_priority_concurrency)
+        async with self._low_lane:
+            return await self._complete(request)
+
+    async def _complete(self, request: ModelRequest) -> Completion:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": to_chat_messages(request.messages),

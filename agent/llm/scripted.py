@@ -4,6 +4,10 @@ Each scripted entry is the raw text a model would produce (stop strings included
 they are trimmed here exactly as a real backend trims them), an exception to raise, or a function of the
 request returning text. Every request is recorded so tests can assert on the prompt the model saw.
 
+Background calls (`Priority.LOW`: history summaries) do not take from the script: they are answered by
+`background` (a reply, or a function of the request), so a test's script stays the turns' own whenever a summary
+runs. The default background reply is a fixed summary line.
+
 Streaming, like a server: a caller's `on_text` gets the reply as trimmed at the stop string, after `delay`; with
 `token_seconds`, piece by piece (a word, or up to three characters of unspaced text such as Chinese) with that
 pause between pieces, so tests can watch an answer grow; without it, all at once.
@@ -21,7 +25,7 @@ from typing import Any, Callable, Sequence, Union
 from agent.errors import LLMCancelled, LLMError
 from agent.grammar import Grammar
 from agent.images import text_of
-from agent.llm.base import LLM, CancelToken, Completion, Message, ModelRequest, TextSink, trim_at_stop
+from agent.llm.base import LLM, CancelToken, Completion, Message, ModelRequest, Priority, TextSink, trim_at_stop
 from agent.tokens import TokenCounter, estimate_tokens
 
 
@@ -34,6 +38,8 @@ class Request:
     max_new_tokens: int
     tools: list[dict[str, Any]] | None
     grammar: Grammar | None = None
+    user_key: str = ""
+    priority: Priority = Priority.NORMAL
 
     @property
     def last_content(self) -> str:
@@ -62,14 +68,20 @@ def stream_pieces(text: str) -> list[str]:
     return _PIECE.findall(text)
 
 
+DEFAULT_BACKGROUND_REPLY = "The user and the assistant talked about earlier questions."
+
+
 class ScriptedLLM(LLM):
-    """Replays `replies` in order; raises `LLMError` when the script runs out."""
+    """Replays `replies` in order; raises `LLMError` when the script runs out. Background (LOW) calls get
+    `background` instead."""
 
     name = "scripted"
 
     def __init__(self, replies: Sequence[Reply] = (), *, delay: float = 0.0, token_seconds: float = 0.0,
-                 count_tokens: TokenCounter = estimate_tokens, sees_images: bool = False):
+                 count_tokens: TokenCounter = estimate_tokens, background: Reply = DEFAULT_BACKGROUND_REPLY,
+                 sees_images: bool = False):
         self.replies = list(replies)
+        self.background = background
         self.vision = sees_images  # tests of questions about pictures script a model that can see
         self.delay = delay
         self.token_seconds = token_seconds
@@ -103,7 +115,8 @@ class ScriptedLLM(LLM):
         """The next scripted reply, after `delay`; streamed to the request's `on_text` when given. The request
         (grammar included) is recorded; the grammar is not applied."""
         recorded = Request([dict(m) for m in request.messages], tuple(request.stop), request.max_new_tokens,
-                           list(request.tools) if request.tools else None, request.grammar)
+                           list(request.tools) if request.tools else None, request.grammar, request.user_key,
+                           request.priority)
         self.requests.append(recorded)
         if self.delay:
             await self._sleep_unless_cancelled(request.cancel, self.delay)
@@ -113,9 +126,12 @@ class ScriptedLLM(LLM):
         return self.counters.count(completion)
 
     def _next_completion(self, request: Request, messages: Sequence[Message], stop: Sequence[str]) -> Completion:
-        if not self.replies:
+        if request.priority == Priority.LOW:
+            reply = self.background
+        elif not self.replies:
             raise LLMError("scripted model has no more replies")
-        reply = self.replies.pop(0)
+        else:
+            reply = self.replies.pop(0)
         if isinstance(reply, BaseException):
             raise reply
         if callable(reply):

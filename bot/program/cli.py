@@ -1,5 +1,5 @@
-"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), transcribe (a
-recording), migrate, tools, mcp, docs, doctor, backup, restore, health.
+"""The `qwenbot` command: run (Telegram), chat (terminal), ask (one turn), eval (a question set), export (a
+session's history), transcribe (a recording), migrate, tools, mcp, docs, doctor, backup, restore, health.
 
 Every failure the user can fix (a bad setting, a missing model, an unreachable server) ends the command with
 one clear line on stderr and exit status 2, never a traceback.
@@ -11,18 +11,21 @@ import argparse
 import asyncio
 import json
 import logging
+import secrets
 import sys
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
 from agent.errors import SpeechError
-from agent.memory import Session
+from agent.memory import Memory, Session
 from agent.traces import render_trace
 from bot.program.audit import audit
 from bot.program.config import ConfigError, Settings
 from bot.program.doc_reports import adding_text, chunks, documents_text
 from bot.program.evaluation import EvalFileError, compare, copy_database, evaluate, load_cases, rescore, summary
+from bot.program.export import render_export
 from bot.program.logs import add_secrets, configure_logging, redact_token_shapes
 from bot.program.mcp_reports import added_text, servers_text
 from bot.program.retrieval import (DEFAULT_K, corpus_files, default_corpus, evaluate_retrieval, load_retrieval_cases,
@@ -60,10 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
                                   "lost database stops the command instead of being replaced silently)")
     tools = commands.add_parser("tools", help="list the registered tools and whether they are enabled")
     tools.add_argument("--chat", default=GLOBAL, help="a chat key (e.g. tg:12345 or cli) to show that chat's state")
-    ask = commands.add_parser("ask", help="ask one question and print the final answer")
+    ask = commands.add_parser(
+        "ask", help="ask one question and print the final answer (a fresh session each run, unless --session)",
+        description="Ask one question and print the final answer. Each run is a question on its own, in a fresh "
+                    "session: nothing an earlier run asked or answered is in its prompt. Give --session NAME to "
+                    "continue a conversation across runs (its history, summary and last observations).")
     ask.add_argument("question", help="the question")
     ask.add_argument("--trace", action="store_true", help="also print each step of the reasoning")
-    ask.add_argument("--session", default="cli:ask", help="history session id (default: cli:ask)")
+    ask.add_argument("--session", default=None, metavar="NAME",
+                     help="continue the session NAME (e.g. cli:notes) with its history; default: a fresh session "
+                          "of its own each run")
     ask.add_argument("--quiet", "-q", action="store_true", help="print only the answer (for scripts)")
     chat = commands.add_parser("chat", help="an interactive session in the terminal (/reset, /trace, /quit; "
                                             "Ctrl-C stops an answer); reads piped questions one per line")
@@ -88,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help=f"--retrieval: how the scratch index is built (default {DEFAULT_FORM.name}, "
                                  "the shipped one)")
     evaluation.add_argument("-k", type=int, default=DEFAULT_K, help=f"--retrieval: results looked at ({DEFAULT_K})")
+    export = commands.add_parser("export", help="print a session's history as Markdown (as /export sends it)")
+    export.add_argument("session", help="the session id: tg:<chat id> (a topic adds :<topic id>), cli:chat, …")
+    export.add_argument("--no-steps", action="store_true", help="leave each turn's steps out")
     commands.add_parser("doctor", help="check settings, token, database, model and disk; a line per check")
     transcribe = commands.add_parser("transcribe", help="print what a recording says, with the speech backend the "
                                                         "bot uses (ASR_BACKEND, ASR_MODEL)")
@@ -283,7 +295,8 @@ def ask_command(settings: Settings, args: argparse.Namespace) -> int:
         view = make_view(quiet=args.quiet)
         services = await start_services(settings)
         try:
-            result = await answer_once(services, cli_session(args.session), args.question, view)
+            result = await answer_once(services, cli_session(args.session or fresh_session_id()), args.question,
+                                       view)
         finally:
             await services.close()
         if args.trace:
@@ -451,6 +464,32 @@ def cli_session(session_id: str) -> Session:
     return Session(id=session_id, chat_key="cli", kind="cli")
 
 
+def fresh_session_id() -> str:
+    """A session id no earlier `qwenbot ask` used: each run is a question on its own."""
+    return f"cli:ask:{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+
+
+def export_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Print the history of session `args.session` as Markdown (steps included, unless --no-steps); a session
+    with no history is one line on stderr and status 1."""
+    async def job() -> int:
+        db = await open_settings_database(settings)
+        try:
+            memory = Memory(db)
+            turns = await memory.exported_turns(args.session, with_steps=not args.no_steps)
+            summary = await memory.summary(args.session)
+        finally:
+            await db.close()
+        if not turns:
+            print(f"qwenbot: no history in session {args.session!r}", file=sys.stderr)
+            return 1
+        document = render_export(args.session, turns, summary, lang="en", with_steps=not args.no_steps,
+                                 max_bytes=settings.conversations.export_max_bytes)
+        sys.stdout.write(document.text)
+        return 0
+    return run_async(job)
+
+
 def run_command(settings: Settings, args: argparse.Namespace) -> int:
     """Run the Telegram bot (long polling, or a webhook when WEBHOOK_URL is set) until SIGINT or SIGTERM."""
     # Imported here: the terminal commands do not need python-telegram-bot.
@@ -476,6 +515,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "ask": ask_command,
     "chat": chat_command,
     "eval": eval_command,
+    "export": export_command,
     "transcribe": transcribe_command,
     "docs": docs_command,
     "backup": backup_command,

@@ -4,10 +4,11 @@
     settings.agent.max_steps                 MAX_STEPS
 
 `Settings` is one frozen object made of small frozen groups (telegram, webhook, access, storage, model, engine,
-openai, scripted, agent, tools, docs, turns, streaming, voice, images, mcp, logging, metrics, doctor), each the one
-place of its defaults. A field is named as its variable in lower case, so the variables never changed with the
-grouping and a grep for either finds both. Where a component of `agent/` or `tools/` has a limits class
-(`AgentLimits`, `GrammarLimits`, `SpeculativeLimits`, `StreamLimits`, `SpeechLimits`, `McpLimits`, `DocsLimits`) or
+openai, scripted, agent, memory, tools, docs, turns, quotas, conversations, streaming, voice, images, mcp, logging,
+metrics, doctor), each the one place of its defaults. A field is named as its variable in lower case, so the
+variables never changed with the grouping and a grep for either finds both. Where a component of `agent/` or `tools/`
+has a limits class (`AgentLimits`, `GrammarLimits`, `SpeculativeLimits`, `StreamLimits`, `SpeechLimits`,
+`McpLimits`, `DocsLimits`, `SummaryLimits`) or
 a named default, the group takes its default from there, so each default is written once; bot/program/services.py
 builds those classes from the groups by keyword.
 
@@ -32,6 +33,7 @@ from agent.llm.openai_stream import StreamLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
 from agent.speech.base import SpeechLimits
+from agent.summaries import SummaryLimits
 from bot.program.env import ConfigError, not_negative, one_of, parse, positive, shown
 from bot.program.logs import LOG_FORMATS
 from bot.program.paths import default_data_dir, dotenv_file, moved_database, under
@@ -51,6 +53,7 @@ OPENAI_VISIONS = ("auto", "on", "off")
 ASR_BACKENDS = ("auto", "local", "openai", "off")
 ASR_DEVICES = ("cpu", "cuda", "auto")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+TELEGRAM_DOCUMENT_MAX_BYTES = 50_000_000  # the Bot API's limit for a document a bot sends
 # Settings that no longer exist, and what replaced them: a .env that still sets one is told, not silently ignored.
 RETIRED = {
     "OPENAI_TIMEOUT_SECONDS": "the openai backend now has OPENAI_CONNECT_TIMEOUT_SECONDS, OPENAI_FIRST_TOKEN_SECONDS "
@@ -173,14 +176,29 @@ class EngineSettings:
 
     batch_size: int = 8
     batch_wait_ms: int = 20
-    prefix_cache_mb: int = 512
+    prefix_cache_mb: str = "auto"  # auto: the KV of PREFIX_CACHE_TOKENS tokens of the model (engine/memory.py)
     speculative_tokens: int = SpeculativeLimits.per_row
     speculative_step_tokens: int = SpeculativeLimits.per_step
+    low_priority_rows: int = 1
 
     def validate(self) -> None:
-        """Refuse an empty batch and negative sizes."""
-        positive(self, ("batch_size",))
-        not_negative(self, ("batch_wait_ms", "prefix_cache_mb", "speculative_tokens", "speculative_step_tokens"))
+        """Refuse an empty batch, negative sizes, a prefix store size that is neither auto nor MiB."""
+        positive(self, ("batch_size", "low_priority_rows"))
+        not_negative(self, ("batch_wait_ms", "speculative_tokens", "speculative_step_tokens"))
+        self.prefix_cache_megabytes()
+
+    def prefix_cache_megabytes(self) -> int | None:
+        """PREFIX_CACHE_MB as MiB, or None for auto (sized from the model once it is loaded)."""
+        if self.prefix_cache_mb.strip().lower() == "auto":
+            return None
+        try:
+            size = int(self.prefix_cache_mb)
+        except ValueError:
+            size = -1
+        if size < 0:
+            raise ConfigError(f"PREFIX_CACHE_MB must be auto or a whole number of MiB (0: off), "
+                              f"got {shown(self.prefix_cache_mb)}")
+        return size
 
 
 @dataclass(frozen=True)
@@ -197,6 +215,7 @@ class OpenAISettings:
     openai_server_wait_seconds: float = 0.0
     openai_max_retries: int = 3
     openai_grammar: str = "off"
+    openai_low_priority_concurrency: int = 1
     openai_vision: str = "auto"
 
     def validate(self) -> None:
@@ -204,7 +223,7 @@ class OpenAISettings:
         one_of("OPENAI_GRAMMAR", self.openai_grammar, OPENAI_GRAMMARS)
         one_of("OPENAI_VISION", self.openai_vision, OPENAI_VISIONS)
         positive(self, ("openai_connect_timeout_seconds", "openai_first_token_seconds", "openai_silence_seconds",
-                        "openai_startup_seconds"))
+                        "openai_startup_seconds", "openai_low_priority_concurrency"))
         not_negative(self, ("openai_max_retries", "openai_server_wait_seconds"))
 
 
@@ -247,6 +266,22 @@ class AgentSettings:
         not_negative(self, ("extra_tool_calls",))
         positive(self, ("max_steps", "max_new_tokens", "thought_max_tokens", "tool_string_max_chars", "answer_max_tokens",
                         "history_token_budget", "observation_max_chars", "turn_timeout_seconds"))
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """What a chat remembers beyond HISTORY_TOKEN_BUDGET: the running summary of its older turns, and the last
+    turn's observations; defaults from `SummaryLimits` and `AgentLimits` (agent/)."""
+
+    summary_enabled: bool = SummaryLimits.enabled
+    summary_max_tokens: int = SummaryLimits.max_tokens
+    summary_keep_tokens: int = SummaryLimits.keep_tokens
+    last_observations_tokens: int = AgentLimits.last_observations_tokens
+
+    def validate(self) -> None:
+        """Refuse a summary with no room, and negative sizes."""
+        positive(self, ("summary_max_tokens", "summary_keep_tokens"))
+        not_negative(self, ("last_observations_tokens",))
 
 
 @dataclass(frozen=True)
@@ -305,6 +340,38 @@ class TurnsSettings:
         """Refuse limits and waits that are not positive."""
         positive(self, ("max_pending_questions", "max_question_chars", "send_patience_seconds",
                         "answer_resend_seconds", "answer_save_wait_seconds"))
+
+
+@dataclass(frozen=True)
+class QuotasSettings:
+    """Daily limits per user (a UTC day), counted from the turns table; admins are exempt, and /quota_set sets a
+    user's own. 0 = unlimited."""
+
+    user_daily_turns: int = 0
+    user_daily_tokens: int = 0
+
+    def validate(self) -> None:
+        """Refuse negative limits."""
+        not_negative(self, ("user_daily_turns", "user_daily_tokens"))
+
+
+@dataclass(frozen=True)
+class ConversationsSettings:
+    """Per chat: the persona of chats without their own, how long one may be, and /export's size."""
+
+    default_persona: str = AgentLimits.default_persona
+    persona_max_chars: int = 1000
+    export_max_bytes: int = 5_000_000
+
+    def validate(self) -> None:
+        """Refuse sizes that are not positive, and an export past Telegram's 50 MB for a bot's document."""
+        positive(self, ("persona_max_chars", "export_max_bytes"))
+        if self.export_max_bytes > TELEGRAM_DOCUMENT_MAX_BYTES:
+            raise ConfigError(f"EXPORT_MAX_BYTES must be at most {TELEGRAM_DOCUMENT_MAX_BYTES} (Telegram's limit for "
+                              f"a document a bot sends), got {self.export_max_bytes}")
+        if len(self.default_persona) > self.persona_max_chars:
+            raise ConfigError(f"DEFAULT_PERSONA must be at most PERSONA_MAX_CHARS ({self.persona_max_chars}) "
+                              f"characters, got {len(self.default_persona)}")
 
 
 @dataclass(frozen=True)
@@ -433,9 +500,12 @@ class Settings:
     openai: OpenAISettings = field(default_factory=OpenAISettings)
     scripted: ScriptedSettings = field(default_factory=ScriptedSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
     tools: ToolsSettings = field(default_factory=ToolsSettings)
     docs: DocsSettings = field(default_factory=DocsSettings)
     turns: TurnsSettings = field(default_factory=TurnsSettings)
+    quotas: QuotasSettings = field(default_factory=QuotasSettings)
+    conversations: ConversationsSettings = field(default_factory=ConversationsSettings)
     streaming: StreamingSettings = field(default_factory=StreamingSettings)
     voice: VoiceSettings = field(default_factory=VoiceSettings)
     images: ImagesSettings = field(default_factory=ImagesSettings)
@@ -507,6 +577,10 @@ class Settings:
             check = getattr(getattr(self, spec.name), "validate", None)
             if check is not None:
                 check()
+        if self.memory.summary_keep_tokens >= self.agent.history_token_budget:
+            raise ConfigError(f"SUMMARY_KEEP_TOKENS ({self.memory.summary_keep_tokens}) must be below "
+                              f"HISTORY_TOKEN_BUDGET ({self.agent.history_token_budget}): a fold keeps that many "
+                              "tokens of whole turns")
 
     def secrets(self) -> list[str]:
         """Every secret the settings hold, for the redactor (core/secrets.py): the bot token, the webhook secret,

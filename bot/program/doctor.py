@@ -296,10 +296,11 @@ def check_local_model(settings: Settings) -> list[Check]:
     try:
         source = resolve_model(settings.model.model, settings.storage.data_dir)
         options = load_options(source, settings.model.model_cache_dir)
-        tokenizer = load_config_and_tokenizer(source.location, options)
+        config, tokenizer = load_config_and_tokenizer(source.location, options)
     except ModelLoadError as error:
         return [fail("model", str(error), MODEL_FIX)]
-    checks = [ok("model", f"{settings.model.model} loads ({describe_source(source, options)})")]
+    checks = [ok("model", f"{settings.model.model} loads ({describe_source(source, options)})"),
+              memory_line(settings, config)]
     if not getattr(tokenizer, "chat_template", None):
         return checks + [fail("template", "the tokenizer has no chat template (a base model?)",
                               "use an instruct/chat model, e.g. Qwen/Qwen2.5-1.5B-Instruct")]
@@ -313,13 +314,46 @@ def check_local_model(settings: Settings) -> list[Check]:
 MODEL_FIX = "check MODEL (docs/models.md: Choosing a model and hardware)"
 
 
-def load_config_and_tokenizer(location: str, options: dict[str, Any]) -> Any:
+def memory_line(settings: Settings, config: Any) -> Check:
+    """The memory the engine is expected to hold with this model, dtype, batch and prefix store (engine/memory.py),
+    against what the machine has available."""
+    from agent.llm.engine.loading import resolved_mode
+    from agent.llm.engine.memory import plan
+
+    mode, float_bytes = resolved_mode(settings.model.model_dtype, on_gpu=False)
+    try:
+        expected = plan(config, mode, float_bytes=float_bytes, batch_size=settings.engine.batch_size,
+                        prefix_cache_mb=settings.engine.prefix_cache_megabytes())
+    except AttributeError as error:  # a config without the usual sizes: say so, do not guess
+        return ok("memory", f"no estimate for this model's config ({error})")
+    found = f"MODEL_DTYPE={settings.model.model_dtype} ({mode}), BATCH_SIZE={settings.engine.batch_size}: " \
+            f"{expected.line()}"
+    available = available_memory()
+    if available is not None and expected.total > available:
+        return fail("memory", f"{found}; only {available >> 20} MiB available",
+                    "a smaller model, MODEL_DTYPE=int4 or int8, a smaller BATCH_SIZE or PREFIX_CACHE_MB "
+                    "(docs/models.md)")
+    return ok("memory", found)
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """Bytes of memory available to a new process (Linux's MemAvailable), or None where unknown."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def load_config_and_tokenizer(location: str, options: dict[str, Any]) -> tuple[Any, Any]:
     """The model's config and tokenizer, loaded as start-up would load them; errors as `ModelLoadError`."""
     from transformers import AutoConfig, AutoTokenizer
 
     try:
-        AutoConfig.from_pretrained(location, **options)
-        return AutoTokenizer.from_pretrained(location, **options)
+        config = AutoConfig.from_pretrained(location, **options)
+        return config, AutoTokenizer.from_pretrained(location, **options)
     except Exception as error:
         first = (str(error).strip() or type(error).__name__).splitlines()[0]
         raise ModelLoadError(f"MODEL {location}: cannot load it: {first}") from error

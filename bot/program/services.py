@@ -18,6 +18,7 @@ from agent.loop import Agent, AgentLimits
 from agent.memory import Memory
 from agent.options import ChatOptions
 from agent.speech.base import SpeechLimits, Transcriber
+from agent.summaries import Summarizer, SummaryLimits
 from agent.tokens import qwen_token_counter
 from bot.program.audit import insert_audit
 from bot.program.config import Settings
@@ -51,11 +52,14 @@ class Services:
     mcp: McpHub
     options: ChatOptions
     documents: DocumentLibrary
+    summarizer: Summarizer
     speech: Transcriber | None = None  # None: ASR_BACKEND=off (or auto without faster-whisper)
 
     async def close(self) -> None:
-        """Close the MCP connections, stop the model and the speech thread, then close the database."""
+        """Stop the summaries being written, close the MCP connections, stop the model and the speech thread, then
+        close the database."""
         try:
+            await self.summarizer.close()
             await self.mcp.close()
             await self.llm.close()
             if self.speech is not None:
@@ -126,9 +130,17 @@ async def start_services(settings: Settings, llm: LLM | None = None, *, new_data
     tool_settings = ToolSettings(db, registry)
     memory = Memory(db)
     options = ChatOptions(db)
-    agent = Agent(llm, registry, tool_settings, memory, agent_limits(settings), options)
+    summarizer = Summarizer(llm, memory, settings.agent.history_token_budget, summary_limits(settings))
+    agent = Agent(llm, registry, tool_settings, memory, agent_limits(settings), options, summarizer)
     return Services(settings, db, llm, registry, tool_settings, memory, catalog, agent, mcp, options, documents,
-                    build_transcriber(settings))
+                    summarizer, build_transcriber(settings))
+
+
+def summary_limits(settings: Settings) -> SummaryLimits:
+    """When and how long history summaries are, from SUMMARY_ENABLED, SUMMARY_MAX_TOKENS, SUMMARY_KEEP_TOKENS."""
+    memory = settings.memory
+    return SummaryLimits(enabled=memory.summary_enabled, max_tokens=memory.summary_max_tokens,
+                         keep_tokens=memory.summary_keep_tokens)
 
 
 def document_library(settings: Settings, db: Database) -> DocumentLibrary:
@@ -163,7 +175,9 @@ def agent_limits(settings: Settings) -> AgentLimits:
                        turn_timeout_seconds=agent.turn_timeout_seconds, mode=agent.agent_mode,
                        react_layout=agent.react_layout, grammar=grammar if agent.constrained_decoding else None,
                        require_tool_call=agent.require_tool_call, grounded_answers=agent.grounded_answers,
-                       extra_tool_calls=agent.extra_tool_calls)
+                       extra_tool_calls=agent.extra_tool_calls,
+                       last_observations_tokens=settings.memory.last_observations_tokens,
+                       default_persona=settings.conversations.default_persona)
 
 
 def build_llm(settings: Settings) -> LLM:
@@ -191,9 +205,10 @@ def local_llm(settings: Settings) -> LLM:
     speculative = SpeculativeLimits(per_row=engine.speculative_tokens, per_step=engine.speculative_step_tokens)
     return LocalLLM(model.model, device_map=model.model_device_map, dtype=model.model_dtype,
                     batch_size=engine.batch_size, batch_wait_ms=engine.batch_wait_ms,
-                    converted_dir=model.model_converted_dir, prefix_cache_mb=engine.prefix_cache_mb,
+                    converted_dir=model.model_converted_dir, prefix_cache_mb=engine.prefix_cache_megabytes(),
                     base_dir=settings.storage.data_dir, cache_dir=model.model_cache_dir,
-                    native_tools=settings.agent.agent_mode == "native", speculative=speculative)
+                    native_tools=settings.agent.agent_mode == "native", speculative=speculative,
+                    low_priority_rows=engine.low_priority_rows)
 
 
 def openai_llm(settings: Settings) -> LLM:
@@ -210,7 +225,8 @@ def openai_llm(settings: Settings) -> LLM:
                      server_wait_seconds=openai.openai_server_wait_seconds,
                      max_retries=openai.openai_max_retries,
                      count_tokens=qwen_token_counter(settings.model.tokenizer_vocab_path),
-                     grammar=openai.openai_grammar, vision=openai.openai_vision)
+                     grammar=openai.openai_grammar, vision=openai.openai_vision,
+                     low_priority_concurrency=openai.openai_low_priority_concurrency)
 
 
 def speech_backend(settings: Settings) -> str:

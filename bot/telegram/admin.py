@@ -1,7 +1,7 @@
 """Admin commands: tools, courses, access and usage figures. Refused for everyone else; every change audited.
 
 The model never changes data: these commands are the only way in. Each parses its arguments, and wrong or
-missing ones get the usage line (never a traceback).
+missing ones get the usage line (never a traceback). Replies are in the admin's language (admin_texts.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from telegram import Update
 from agent.options import REQUIRE_TOOL_CALL
 from bot.program.audit import audit
 from bot.program.ids import IdError, parse_id, refuse_service_account
-from bot.telegram.chat import may_talk, refuse, reply, session_for
+from bot.program.texts import text
+from bot.telegram.admin_texts import usage_text
+from bot.telegram.chat import may_talk, refuse, reply, session_for, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.stats import DEFAULT_DAYS, MAX_DAYS, usage_report
 from tools.courses import FIELDS, FIELD_LABELS
@@ -21,21 +23,9 @@ from tools.settings import GLOBAL
 
 CONFIRM = "destructive"  # the word that enables a tool which may change data
 
-USAGE = {
-    "tool_on": ("/tool_on NAME [global] [destructive]: enable a tool in this chat (or everywhere); a tool that may "
-                "change data needs the word destructive"),
-    "tool_off": "/tool_off NAME [global]: disable a tool in this chat (or everywhere)",
-    "course_add": "/course_add NAME LESSONS PER_WEEK HOURS (e.g. /course_add 强化学习实战 120 2 1.5)",
-    "course_set": f"/course_set NAME FIELD VALUE, FIELD one of {', '.join(FIELDS)} (e.g. /course_set 大模型技术实战 lessons 210)",
-    "course_del": "/course_del NAME",
-    "allow": "/allow ID: a user id, or a group id (negative, e.g. -1001234567890)",
-    "deny": "/deny ID: a user id, or a group id (negative)",
-    "stats": f"/stats [DAYS] (default {DEFAULT_DAYS})",
-    "require_tool": ("/require_tool on|off|default [global]: whether a question that names a tool's subject (a "
-                     "course) must get a tool call before the answer, in this chat (or everywhere)"),
-}
+# What each usage line fills in (admin_texts.py holds the lines themselves).
+USAGE_VALUES = {"course_set": {"fields": ", ".join(FIELDS)}, "stats": {"days": DEFAULT_DAYS}}
 POLICY_VALUES = {"on": True, "off": False, "default": None}
-ADMINS_ONLY = "⛔ This command is for admins only."
 # Other names admins may use for a course field: the article's Chinese labels and short forms.
 FIELD_ALIASES = {**{label: name for name, label in FIELD_LABELS.items()}, "per_week": "updates_per_week",
                  "hours": "hours_per_update", "updates": "updates_per_week"}
@@ -53,7 +43,7 @@ async def admin_only(update: Update, context: BotContext) -> bool:
     if user is not None and context.access.is_admin(user.id):
         return True
     if await may_talk(update, context) or await context.access.chat_allowed(message.chat_id, message.chat.type):
-        await reply(message, ADMINS_ONLY)
+        await reply(message, text("admins_only", user_language(update)))
     else:
         await refuse(update, context)
     return False
@@ -65,8 +55,15 @@ def arguments(update: Update) -> list[str]:
 
 
 async def usage(update: Update, command: str) -> None:
-    """Reply with the command's usage line."""
-    await reply(update.effective_message, "Usage: " + USAGE[command])
+    """Reply with the command's usage line, in the sender's language."""
+    await reply(update.effective_message, usage_text(command, user_language(update), **USAGE_VALUES.get(command, {})))
+
+
+async def error_and_usage(update: Update, command: str, error: object) -> None:
+    """Reply with what was wrong, then the command's usage line."""
+    lang = user_language(update)
+    await reply(update.effective_message, text("error_usage", lang, error=error, usage=text(
+        f"usage_{command}", lang, **USAGE_VALUES.get(command, {}))))
 
 
 async def record(update: Update, context: BotContext, action: str, detail: str) -> None:
@@ -91,7 +88,7 @@ async def switch_tool(update: Update, context: BotContext, command: str, enabled
     enabled only with the word `destructive` too."""
     if not await admin_only(update, context):
         return
-    args = arguments(update)
+    args, lang = arguments(update), user_language(update)
     flags = [word.lower() for word in args[1:]]
     if not args or len(set(flags)) != len(flags) or not set(flags) <= ({GLOBAL, CONFIRM} if enabled else {GLOBAL}):
         return await usage(update, command)
@@ -100,21 +97,19 @@ async def switch_tool(update: Update, context: BotContext, command: str, enabled
         await context.services.tool_settings.set_enabled(name, enabled, scope, confirmed=CONFIRM in flags)
     except UnknownTool:
         known = ", ".join(context.services.registry.names)
-        return await reply(update.effective_message, f"❌ No tool named {name!r}. Tools: {known}")
+        return await reply(update.effective_message, text("no_such_tool", lang, name=repr(name), known=known))
     except ConfirmationNeeded as refusal:
-        return await reply(update.effective_message, confirmation_text(refusal.tool, scope == GLOBAL))
+        return await reply(update.effective_message, confirmation_text(refusal.tool, scope == GLOBAL, lang))
     await record(update, context, command, f"{name} scope={scope}" + (f" {CONFIRM}" if CONFIRM in flags else ""))
-    where = "everywhere (unless a chat sets its own)" if scope == GLOBAL else "in this chat"
-    await reply(update.effective_message, f"✅ {name} is {'on' if enabled else 'off'} {where}.")
+    key = f"tool_{'on' if enabled else 'off'}_{'global' if scope == GLOBAL else 'here'}"
+    await reply(update.effective_message, text(key, lang, name=name))
 
 
-def confirmation_text(tool: Tool, everywhere: bool) -> str:
+def confirmation_text(tool: Tool, everywhere: bool, lang: str = "en") -> str:
     """Why a tool that may change data stays off, and the command that enables it anyway."""
-    hint = "marks it destructive" if tool.destructive else "does not mark it read-only"
+    hint = text("tool_hint_destructive" if tool.destructive else "tool_hint_not_read_only", lang)
     command = f"/tool_on {tool.name}{' global' if everywhere else ''} {CONFIRM}"
-    return (f"⚠️ {tool.name} stays off: it may change or delete data ({tool.source}: the server {hint}). The model "
-            f"would call it on its own, whenever a question seems to ask for it, and every call is audited. "
-            f"To enable it anyway: {command}")
+    return text("tool_needs_confirmation", lang, name=tool.name, source=tool.source, hint=hint, command=command)
 
 
 async def tools_all(update: Update, context: BotContext) -> None:
@@ -125,7 +120,7 @@ async def tools_all(update: Update, context: BotContext) -> None:
     states = await context.services.tool_settings.states(chat_key)
     lines = [f"{'✅' if s.enabled else '⛔'} {s.tool.name} — {s.tool.human_name} ({s.source}){_origin(s.tool)}"
              for s in states]
-    await reply(update.effective_message, "\n".join(["Tools in this chat (state source):", *lines]))
+    await reply(update.effective_message, "\n".join([text("tools_all_header", user_language(update)), *lines]))
 
 
 def _origin(tool: Tool) -> str:
@@ -146,8 +141,8 @@ async def require_tool(update: Update, context: BotContext) -> None:
     await record(update, context, "require_tool", f"{args[0]} scope={scope}")
     required = await context.services.options.require_tool_call(chat_key, context.settings.agent.require_tool_call)
     source = await context.services.options.source(chat_key, REQUIRE_TOOL_CALL)
-    state = "must call a tool before answering" if required else "may answer without a tool"
-    await reply(update.effective_message, f"✅ Here, questions about a tool's subject {state} ({source} setting).")
+    await reply(update.effective_message,
+                text("require_tool_on" if required else "require_tool_off", user_language(update), source=source))
 
 
 # --- courses ---------------------------------------------------------------------------------------------------
@@ -156,10 +151,10 @@ async def courses(update: Update, context: BotContext) -> None:
     """/courses: every course with its numbers."""
     if not await admin_only(update, context):
         return
-    rows = await context.services.catalog.all()
-    lines = [f"• {c.name}: lessons {c.lessons}, updates_per_week {c.updates_per_week}, "
-             f"hours_per_update {c.hours_per_update:g}" for c in rows]
-    await reply(update.effective_message, "\n".join(lines) if lines else "No courses yet.")
+    rows, lang = await context.services.catalog.all(), user_language(update)
+    lines = [text("course_line", lang, name=c.name, lessons=c.lessons, per_week=c.updates_per_week,
+                  hours=f"{c.hours_per_update:g}") for c in rows]
+    await reply(update.effective_message, "\n".join(lines) if lines else text("no_courses", lang))
 
 
 async def course_add(update: Update, context: BotContext) -> None:
@@ -173,10 +168,10 @@ async def course_add(update: Update, context: BotContext) -> None:
     try:
         course = await context.services.catalog.add(name, *numbers)
     except CourseError as error:
-        return await reply(update.effective_message, f"❌ {error}\nUsage: {USAGE['course_add']}")
+        return await error_and_usage(update, "course_add", error)
     await record(update, context, "course_add", f"{course.name} lessons={course.lessons} "
                  f"updates_per_week={course.updates_per_week} hours_per_update={course.hours_per_update:g}")
-    await reply(update.effective_message, f"✅ Added {course.name}.")
+    await reply(update.effective_message, text("course_added", user_language(update), name=course.name))
 
 
 async def course_set(update: Update, context: BotContext) -> None:
@@ -190,9 +185,10 @@ async def course_set(update: Update, context: BotContext) -> None:
     try:
         course = await context.services.catalog.set_field(name, field, value)
     except CourseError as error:
-        return await reply(update.effective_message, f"❌ {error}\nUsage: {USAGE['course_set']}")
+        return await error_and_usage(update, "course_set", error)
     await record(update, context, "course_set", f"{course.name} {field}={value}")
-    await reply(update.effective_message, f"✅ {course.name}: {field} = {getattr(course, field):g}.")
+    await reply(update.effective_message, text("course_changed", user_language(update), name=course.name,
+                                               field=field, value=f"{getattr(course, field):g}"))
 
 
 async def course_del(update: Update, context: BotContext) -> None:
@@ -205,9 +201,9 @@ async def course_del(update: Update, context: BotContext) -> None:
     try:
         await context.services.catalog.remove(name)
     except CourseError as error:
-        return await reply(update.effective_message, f"❌ {error}")
+        return await reply(update.effective_message, text("error", user_language(update), error=error))
     await record(update, context, "course_del", name)
-    await reply(update.effective_message, f"✅ Removed {name}.")
+    await reply(update.effective_message, text("course_removed", user_language(update), name=name))
 
 
 # --- access ----------------------------------------------------------------------------------------------------
@@ -234,11 +230,13 @@ async def set_access(update: Update, context: BotContext, command: str, allowed:
         if allowed:
             refuse_service_account(subject_id)  # /deny may still take an old entry back
     except IdError as error:
-        return await reply(update.effective_message, f"❌ {error}\nUsage: {USAGE[command]}")
+        return await error_and_usage(update, command, error)
     kind = await context.access.set_allowed(subject_id, allowed, by=update.effective_user.id,
                                             chat_id=update.effective_chat.id)
-    note = " (an admin: admins always have access)" if context.access.is_admin(subject_id) else ""
-    await reply(update.effective_message, f"✅ {kind} {subject_id} is {'allowed' if allowed else 'denied'}{note}.")
+    lang = user_language(update)
+    note = text("access_admin_note", lang) if context.access.is_admin(subject_id) else ""
+    await reply(update.effective_message, text("access_allowed" if allowed else "access_denied", lang,
+                                               kind=text(f"kind_{kind}", lang), subject=subject_id, note=note))
 
 
 def _is_number(word: str) -> bool:
@@ -250,20 +248,21 @@ async def admins(update: Update, context: BotContext) -> None:
     """/admins: the admins, and who else has access (from the environment and from /allow, /deny)."""
     if not await admin_only(update, context):
         return
-    settings = context.settings
-    lines = ["Admins (ADMIN_USER_IDS): " + _ids(settings.access.admin_user_ids),
-             "Users (ALLOWED_USER_IDS): " + _ids(settings.access.allowed_user_ids),
-             "Chats (ALLOWED_CHAT_IDS): " + _ids(settings.access.allowed_chat_ids)]
+    settings, lang = context.settings, user_language(update)
+    lines = [text("admins_admins", lang, ids=_ids(settings.access.admin_user_ids, lang)),
+             text("admins_users", lang, ids=_ids(settings.access.allowed_user_ids, lang)),
+             text("admins_chats", lang, ids=_ids(settings.access.allowed_chat_ids, lang))]
     entries = await context.access.entries()
     if entries:
-        lines.append("Changed at run time:")
-        lines += [f"• {e.kind} {e.subject_id}: {'allowed' if e.allowed else 'denied'} by {e.changed_by} "
-                  f"at {e.changed_at[:16]}" for e in entries]
+        lines.append(text("admins_changed", lang))
+        lines += [text("admins_entry_allowed" if e.allowed else "admins_entry_denied", lang,
+                       kind=text(f"kind_{e.kind}", lang), subject=e.subject_id, by=e.changed_by,
+                       at=e.changed_at[:16]) for e in entries]
     await reply(update.effective_message, "\n".join(lines))
 
 
-def _ids(ids: frozenset[int]) -> str:
-    return ", ".join(str(i) for i in sorted(ids)) or "none"
+def _ids(ids: frozenset[int], lang: str) -> str:
+    return ", ".join(str(i) for i in sorted(ids)) or text("none", lang)
 
 
 # --- figures ---------------------------------------------------------------------------------------------------
@@ -276,5 +275,5 @@ async def stats(update: Update, context: BotContext) -> None:
     if len(args) > 1 or (args and not (_is_number(args[0]) and 0 < int(args[0]) <= MAX_DAYS)):
         return await usage(update, "stats")
     report = await usage_report(context.services.db, int(args[0]) if args else DEFAULT_DAYS)
-    await reply(update.effective_message, report.text())
+    await reply(update.effective_message, report.text(user_language(update)))
 

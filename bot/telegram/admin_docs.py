@@ -21,8 +21,8 @@ import re
 from telegram import Document, Update
 from telegram.error import TelegramError
 
-from bot.program.doc_reports import adding_text, chunks, documents_text
-from bot.telegram.admin import admin_only, arguments
+from bot.program.doc_reports import adding_text, chunks, documents_text, where
+from bot.telegram.admin import admin_only, arguments, usage
 from bot.telegram.chat import reply, reply_or_refuse, session_for, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
@@ -34,18 +34,7 @@ from tools.settings import GLOBAL
 log = logging.getLogger(__name__)
 
 TELEGRAM_DOWNLOAD_LIMIT = 20 * MB  # getFile refuses bigger files to bots ("file is too big")
-USAGE = {
-    "doc_add": ("/doc_add [global] as the caption of a file, or in reply to a message with a file: add it to the "
-                "documents searchable here (or in every chat)"),
-    "doc_del": "/doc_del ID (the number /docs shows)",
-    "doc_scope": "/doc_scope ID global|here: where the document may be searched",
-}
 CAPTION_COMMAND = re.compile(r"^/doc_add(@\w+)?(\s|$)", re.IGNORECASE)  # a file's caption that adds it
-
-
-async def usage(update: Update, command: str) -> None:
-    """Reply with the command's usage line."""
-    await reply(update.effective_message, "Usage: " + USAGE[command])
 
 
 # --- adding ----------------------------------------------------------------------------------------------------
@@ -111,7 +100,7 @@ async def add_file(update: Update, context: BotContext, document: Document, scop
         added = await library.add(upload)
     except DocumentError as error:
         return await reply(message, f"❌ {error}")
-    await reply(message, adding_text(added, here))
+    await reply(message, adding_text(added, here, user_language(update)))
 
 
 async def download(context: BotContext, document: Document, name: str) -> bytes:
@@ -145,7 +134,8 @@ async def docs_all(update: Update, context: BotContext) -> None:
     if not await admin_only(update, context):
         return
     here = session_for(update.effective_message).chat_key
-    await reply(update.effective_message, documents_text(await context.services.documents.documents(), here))
+    await reply(update.effective_message, documents_text(await context.services.documents.documents(), here,
+                                                         user_language(update)))
 
 
 async def doc_del(update: Update, context: BotContext) -> None:
@@ -160,7 +150,9 @@ async def doc_del(update: Update, context: BotContext) -> None:
         removed = await context.services.documents.remove(int(args[0]), by=user.id, chat_id=chat.id)
     except DocumentError as error:
         return await reply(update.effective_message, f"❌ {error}")
-    await reply(update.effective_message, f"✅ Removed {removed.label()} and its {chunks(removed.chunk_count)}.")
+    lang = user_language(update)
+    await reply(update.effective_message, text("doc_removed", lang, label=removed.label(),
+                                               chunks=chunks(removed.chunk_count, lang)))
 
 
 async def doc_scope(update: Update, context: BotContext) -> None:
@@ -177,8 +169,9 @@ async def doc_scope(update: Update, context: BotContext) -> None:
         document = await context.services.documents.set_scope(int(args[0]), scope, by=user.id, chat_id=chat.id)
     except DocumentError as error:
         return await reply(update.effective_message, f"❌ {error}")
-    where = "every chat" if scope == GLOBAL else "this chat only"
-    await reply(update.effective_message, f"✅ {document.label()} is now searchable in {where}.")
+    lang = user_language(update)
+    await reply(update.effective_message, text("doc_scoped", lang, label=document.label(),
+                                               where=where(scope, here, lang)))
 
 
 def _is_id(word: str) -> bool:

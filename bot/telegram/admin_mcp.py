@@ -14,19 +14,14 @@ from telegram import Update
 
 from bot.program.logs import add_secrets
 from bot.program.mcp_reports import added_text, refreshed_text, servers_text
-from bot.telegram.admin import admin_only, arguments, record
-from bot.telegram.chat import reply
+from bot.program.texts import text
+from bot.telegram.admin import admin_only, arguments, error_and_usage, record, usage
+from bot.telegram.chat import reply, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.replies import quietly
 from tools.errors import McpConfigError, McpToolError
 from tools.mcp_store import ServerSpec, parse_headers, url_server
 
-USAGE = {
-    "mcp_add": ('/mcp_add NAME URL [Header=value …], e.g. /mcp_add wiki http://127.0.0.1:8000/mcp '
-                '"Authorization=Bearer TOKEN" (quote a value with spaces; a URL ending in /sse is an SSE server)'),
-    "mcp_del": "/mcp_del NAME",
-    "mcp_refresh": "/mcp_refresh NAME",
-}
 # Phones turn straight quotes into curly ones; shlex only knows the straight kind.
 _QUOTES = str.maketrans({"“": '"', "”": '"', "„": '"', "‘": "'", "’": "'"})
 
@@ -41,21 +36,21 @@ async def mcp_add(update: Update, context: BotContext) -> None:
     """/mcp_add NAME URL [Header=value …]: connect a server, list its tools (all off), store it."""
     if not await admin_only(update, context):
         return
-    message = update.effective_message
+    message, lang = update.effective_message, user_language(update)
     await forget_message_with_secrets(update)
     try:
         spec = parse_add(command_words(update))
     except (ValueError, McpConfigError) as error:
-        return await reply(message, f"❌ {error}\nUsage: {USAGE['mcp_add']}")
+        return await error_and_usage(update, "mcp_add", error)
     add_secrets(spec.secrets)
     try:
         listing = await context.services.mcp.add(spec, update.effective_user.id)
     except McpConfigError as error:
-        return await reply(message, f"❌ {error}. See /mcp_list.")
+        return await reply(message, text("mcp_see_list", lang, error=error))
     except McpToolError as error:
-        return await reply(message, f"❌ Could not add {spec.name}: {error}. Nothing was saved.")
+        return await reply(message, text("mcp_not_added", lang, name=spec.name, error=error))
     await record(update, context, "mcp_add", f"{spec.name} {spec.where}")
-    await reply(message, added_text(spec, listing))
+    await reply(message, added_text(spec, listing, lang))
 
 
 def parse_add(words: list[str]) -> ServerSpec:
@@ -77,44 +72,45 @@ async def mcp_list(update: Update, context: BotContext) -> None:
     """/mcp_list: every MCP server, its state and its tools."""
     if not await admin_only(update, context):
         return
-    await reply(update.effective_message, servers_text(context.services.mcp))
+    await reply(update.effective_message, servers_text(context.services.mcp, user_language(update)))
 
 
 async def mcp_del(update: Update, context: BotContext) -> None:
     """/mcp_del NAME: forget a server, its tools and their settings."""
     if not await admin_only(update, context):
         return
-    args = arguments(update)
+    args, lang = arguments(update), user_language(update)
     if len(args) != 1:
-        return await reply(update.effective_message, "Usage: " + USAGE["mcp_del"])
+        return await usage(update, "mcp_del")
     try:
         removed = await context.services.mcp.remove(args[0])
     except KeyError:
-        return await reply(update.effective_message, f"❌ No MCP server named {args[0]!r}. See /mcp_list.")
+        return await reply(update.effective_message, text("mcp_no_server", lang, name=repr(args[0])))
     except McpConfigError as error:
-        return await reply(update.effective_message, f"❌ {error}.")
+        return await reply(update.effective_message, text("error", lang, error=f"{error}."))
     await record(update, context, "mcp_del", args[0])
-    tools = f" and its tools ({', '.join(removed)}); their settings are forgotten" if removed else ""
-    await reply(update.effective_message, f"✅ Removed {args[0]}{tools}.")
+    if removed:
+        return await reply(update.effective_message,
+                           text("mcp_removed_tools", lang, name=args[0], tools=", ".join(removed)))
+    await reply(update.effective_message, text("mcp_removed", lang, name=args[0]))
 
 
 async def mcp_refresh(update: Update, context: BotContext) -> None:
     """/mcp_refresh NAME: connect again and list the server's tools, saying what changed."""
     if not await admin_only(update, context):
         return
-    args = arguments(update)
+    args, lang = arguments(update), user_language(update)
     if len(args) != 1:
-        return await reply(update.effective_message, "Usage: " + USAGE["mcp_refresh"])
+        return await usage(update, "mcp_refresh")
     hub = context.services.mcp
     try:
         listing = await hub.refresh(args[0])  # may load a server `qwenbot mcp add` stored: its secrets join the filter
     except KeyError:
-        return await reply(update.effective_message, f"❌ No MCP server named {args[0]!r}. See /mcp_list.")
+        return await reply(update.effective_message, text("mcp_no_server", lang, name=repr(args[0])))
     except McpToolError as error:
         known = len(hub.listings.get(args[0], []))
-        return await reply(update.effective_message, f"❌ {error}. Its {known} known tool(s) stay listed; calls "
-                                                     "to them fail until it is back.")
+        return await reply(update.effective_message, text("mcp_refresh_failed", lang, error=error, known=known))
     finally:
         add_secrets(hub.secrets())
     await record(update, context, "mcp_refresh", f"{args[0]}: {len(listing.tools)} tools")
-    await reply(update.effective_message, refreshed_text(listing))
+    await reply(update.effective_message, refreshed_text(listing, lang))

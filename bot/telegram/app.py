@@ -27,7 +27,7 @@ from bot.program.health import HealthCheck
 from bot.program.logs import add_secrets
 from bot.program.metrics import BotMetrics
 from bot.program.services import Services, naming_database_path, start_services
-from bot.telegram import admin, admin_docs, admin_mcp, handlers
+from bot.telegram import admin, admin_chats, admin_docs, admin_mcp, handlers
 from bot.telegram.context import (DELIVERIES, HEALTH, METRICS, PROGRESS, SERVICES, TELEGRAM_CALLS, TURNS, BotContext,
                                   runtime_data)
 from bot.telegram.intake import ALLOWED_UPDATES, POLL_TIMEOUT_SECONDS, Dispatcher, Poller, UpdateJournal, journal_source
@@ -52,6 +52,9 @@ USER_COMMANDS = [
     ("trace", "steps of the last answer", "上一次回答的步骤"),
     ("tools", "tools enabled here", "本聊天可用的工具"),
     ("docs", "documents I can search here", "本聊天可搜索的文档"),
+    ("memory", "what I keep of older turns", "我对较早对话的摘要"),
+    ("quota", "your share left today", "你今天还剩的额度"),
+    ("export", "this chat's history as a file", "把本聊天的记录导出为文件"),
 ]
 ADMIN_COMMANDS = [
     ("tool_on", "NAME [global] [destructive]: enable a tool"),
@@ -72,6 +75,8 @@ ADMIN_COMMANDS = [
     ("doc_add", "[global], replying to a file: add a document"),
     ("doc_del", "ID: remove a document"),
     ("doc_scope", "ID global|here: where a document is searched"),
+    ("persona", "TEXT|reset: this chat's persona"),
+    ("quota_set", "USER turns|tokens N|default: a user's daily limit"),
 ]
 
 
@@ -124,6 +129,8 @@ def register_handlers(application: Application) -> None:
         "mcp_refresh": admin_mcp.mcp_refresh,
         "docs": handlers.docs, "doc_add": admin_docs.doc_add, "doc_del": admin_docs.doc_del,
         "doc_scope": admin_docs.doc_scope,
+        "memory": handlers.memory, "quota": handlers.quota, "export": handlers.export,
+        "persona": admin_chats.persona, "quota_set": admin_chats.quota_set,
     }
     # `/tools all` and `/docs all` (admins) before plain `/tools` and `/docs`: the first matching handler wins.
     application.add_handler(CommandHandler("tools", admin.tools_all, filters=typed & filters.Regex(r"^\S+\s+all\s*$")))

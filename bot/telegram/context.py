@@ -15,6 +15,7 @@ from bot.program.metrics import BotMetrics
 from bot.telegram.access import AccessControl
 from bot.telegram.deliveries import DeliveryLedger
 from bot.telegram.progress import ProgressLedger
+from bot.telegram.quotas import Quotas
 from bot.telegram.refusals import RefusalLog
 from bot.telegram.streaming import DraftSupport
 from bot.telegram.turns import TurnScheduler
@@ -29,6 +30,7 @@ SETTINGS = "settings"
 REFUSALS = "refusals"
 DRAFTS = "drafts"
 PROGRESS = "progress"
+QUOTAS = "quotas"
 DELIVERIES = "deliveries"
 METRICS = "metrics"
 TELEGRAM_CALLS = "telegram_calls"
@@ -64,6 +66,11 @@ class BotContext(CallbackContext[ExtBot, dict, dict, dict]):
         return self.bot_data[DELIVERIES]
 
     @property
+    def quotas(self) -> Quotas:
+        """Users' daily limits and what they used today (bot/telegram/quotas.py)."""
+        return self.bot_data[QUOTAS]
+
+    @property
     def turns(self) -> TurnScheduler:
         """Where each question waits for its turn."""
         return self.bot_data[TURNS]
@@ -88,4 +95,5 @@ def runtime_data(settings: Settings, services: "Services") -> dict[str, Any]:
     """The `bot_data` entries `post_init` installs."""
     return {SETTINGS: settings, SERVICES: services, ACCESS: AccessControl(services.db, settings),
             TURNS: TurnScheduler(), REFUSALS: RefusalLog(settings.access.refusal_interval_seconds),
-            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db), DELIVERIES: DeliveryLedger(services.db)}
+            DRAFTS: DraftSupport(), PROGRESS: ProgressLedger(services.db), DELIVERIES: DeliveryLedger(services.db),
+            QUOTAS: Quotas(services.db, settings.quotas)}

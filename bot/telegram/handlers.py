@@ -7,21 +7,27 @@ admin.py; both reply through chat.py (all in bot/telegram/).
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 
-from telegram import Update
+from telegram import InputFile, ReplyParameters, Update
 from telegram.error import Forbidden
 
 from bot.program.doc_reports import documents_text
-from bot.telegram.chat import allowed, is_group, reply, reply_or_refuse, session_for, user_language
+from bot.program.export import render_export
+from bot.telegram.chat import (allowed, is_group, may_talk, refuse, reply, reply_or_refuse, session_for, topic_of,
+                               user_language)
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
 from bot.telegram.media import answer_picture, answer_recording, picture_replied_to
-from bot.telegram.questions import addressed_question, answer_question
+from bot.telegram.questions import addressed_question, answer_question, duration_text
+from bot.telegram.quotas import QuotaState
 from bot.telegram.replies import quietly, tools_text, trace_text
 from bot.telegram.supergroups import carry_over
 from db import DatabaseGone
 
 log = logging.getLogger(__name__)
+
+CAPTION_MAX_CHARS = 1024  # Telegram's limit for a document's caption
 
 
 # --- questions -------------------------------------------------------------------------------------------------
@@ -65,8 +71,17 @@ async def start(update: Update, context: BotContext) -> None:
 
 
 async def help_command(update: Update, context: BotContext) -> None:
-    """/help: how to ask, and the commands (for a sender without access, with how to get it: see `refuse`)."""
-    await reply_or_refuse(update, context, text("help", user_language(update)))
+    """/help: how to ask, the commands, and this chat's persona (for a sender without access, with how to get
+    access instead: see `refuse`)."""
+    lang, message = user_language(update), update.effective_message
+    body = text("help", lang)
+    if not await may_talk(update, context):
+        return await refuse(update, context, lead=body)
+    persona = await context.services.options.persona(session_for(message).chat_key,
+                                                     context.settings.conversations.default_persona)
+    if persona:
+        body += "\n\n" + text("help_persona", lang, persona=persona)
+    await reply(message, body)
 
 
 async def reset(update: Update, context: BotContext) -> None:
@@ -109,8 +124,70 @@ async def docs(update: Update, context: BotContext) -> None:
     if not await allowed(update, context):
         return
     here = session_for(update.effective_message).chat_key
-    listing = documents_text(await context.services.documents.documents(here), here)
+    listing = documents_text(await context.services.documents.documents(here), here, user_language(update))
     await reply(update.effective_message, listing)
+
+
+async def memory(update: Update, context: BotContext) -> None:
+    """/memory: the summary this chat's older turns were folded into, if any."""
+    if not await allowed(update, context):
+        return
+    lang, session_id = user_language(update), session_for(update.effective_message).id
+    summary = await context.services.memory.summary(session_id)
+    if summary is None:
+        return await reply(update.effective_message, text("memory_none", lang))
+    recent = await context.services.memory.turns_after(session_id, summary.through_turn_id)
+    await reply(update.effective_message, text("memory_summary", lang, count=summary.folded_turns,
+                                               updated=summary.updated_at[:16].replace("T", " "),
+                                               summary=summary.text, recent=len(recent)))
+
+
+async def quota(update: Update, context: BotContext) -> None:
+    """/quota: the sender's share left today, and when it resets."""
+    if not await allowed(update, context):
+        return
+    lang, user = user_language(update), update.effective_user
+    quotas = context.quotas
+    window = quotas.window()
+    lines = [text("quota_header", lang, reset=window.reset.strftime("%H:%M"),
+                  wait=duration_text(window.until_reset(quotas.clock()), lang))]
+    lines += [quota_line(state, lang) for state in await quotas.states(user.id)]
+    if context.access.is_admin(user.id):
+        lines.append(text("quota_admin", lang))
+    await reply(update.effective_message, "\n".join(lines))
+
+
+def quota_line(state: QuotaState, lang: str) -> str:
+    """One limit for /quota: what was used, and of how much."""
+    if state.unlimited:
+        return text(f"quota_{state.kind}_unlimited", lang, used=state.used)
+    return text(f"quota_{state.kind}", lang, used=state.used, limit=state.limit, left=state.left)
+
+
+async def export(update: Update, context: BotContext) -> None:
+    """/export: this chat's history as a Markdown document (with each turn's steps, for admins)."""
+    if not await allowed(update, context):
+        return
+    message, lang = update.effective_message, user_language(update)
+    session = session_for(message)
+    with_steps = context.access.is_admin(update.effective_user.id)
+    turns = await context.services.memory.exported_turns(session.id, with_steps=with_steps)
+    if not turns:
+        return await reply(message, text("export_nothing", lang))
+    document = render_export(session.title or session.id, turns, await context.services.memory.summary(session.id),
+                             lang=lang, with_steps=with_steps,
+                             max_bytes=context.settings.conversations.export_max_bytes)
+    caption = (text("export_caption_cut", lang, turns=document.turns, left_out=document.left_out)
+               if document.left_out else text("export_caption", lang, turns=document.turns))
+    await message.get_bot().send_document(
+        message.chat_id, InputFile(document.data, filename=export_file_name(message.chat_id)),
+        caption=caption[:CAPTION_MAX_CHARS], message_thread_id=topic_of(message),
+        reply_parameters=ReplyParameters(message.message_id, allow_sending_without_reply=True))
+
+
+def export_file_name(chat_id: int) -> str:
+    """The document's name: the chat and the day."""
+    return f"chat-{chat_id}-{datetime.now(timezone.utc):%Y%m%d}.md"
 
 
 async def unknown_command(update: Update, context: BotContext) -> None:

@@ -1,11 +1,15 @@
 """What the bot says to users, in Chinese or English, chosen from Telegram's `language_code`.
 
-Apologies for failed turns come from agent/apologies.py, their one home. Admin replies stay in English: they are short, technical, and quote command syntax.
+The texts join the one catalog of bot/program/texts.py (`text(key, lang)`), where admin replies, /stats and the
+MCP reports add theirs. Apologies for failed turns come from agent/apologies.py, their one home.
 """
 
 from __future__ import annotations
 
 from agent.apologies import APOLOGIES
+from bot.program.texts import add_texts, language, text
+
+__all__ = ["TEXTS", "language", "text"]
 
 TEXTS: dict[str, dict[str, str]] = {
     "start": {
@@ -23,13 +27,16 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": ("提问：私聊直接发消息；群里用 @我、回复我，或 /ask 问题。\n"
                "🎤 语音提问：直接发语音（群里请回复我的消息）。🖼 关于图片的问题：发图片并附上问题，或回复图片提问。\n"
                "/reset 忘记本聊天的历史\n/cancel 停止正在进行的回答\n/trace 上一次回答的步骤\n"
-               "/tools 本聊天可用的工具\n/docs 本聊天可搜索的团队文档（管理员可以发送文件来添加）"),
+               "/tools 本聊天可用的工具\n/docs 本聊天可搜索的团队文档（管理员可以发送文件来添加）\n"
+               "/memory 我对较早对话的摘要\n/quota 你今天还剩的额度\n/export 把本聊天的记录导出为文件"),
         "en": ("Ask: write to me in private; in a group mention me, reply to me, or use /ask question.\n"
                "🎤 Ask by voice: send a voice message (in a group, as a reply to me). 🖼 Ask about a picture: send it "
                "with your question as its caption, or reply to it with your question.\n"
                "/reset forget this chat's history\n/cancel stop the running answer\n"
                "/trace the steps of the last answer\n/tools the tools enabled here\n"
-               "/docs the team documents I can search here (admins add them by sending a file)"),
+               "/docs the team documents I can search here (admins add them by sending a file)\n"
+               "/memory what I keep of older turns\n/quota your share left today\n"
+               "/export this chat's history as a file"),
     },
     "not_allowed": {
         "zh": "抱歉，你还没有使用权限。你的用户 ID 是 {user_id}。请把这个 ID 发给管理员，请他发送 /allow {user_id}。",
@@ -152,6 +159,50 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "本聊天没有启用任何工具。",
         "en": "No tool is enabled here.",
     },
+    "memory_none": {
+        "zh": "🧠 本聊天还没有摘要：它的历史都还完整地放得下。",
+        "en": "🧠 No summary in this chat yet: its whole history still fits as it is.",
+    },
+    "memory_summary": {
+        "zh": "🧠 我对本聊天前 {count} 轮的摘要（{updated} UTC 更新）：\n{summary}\n\n之后的 {recent} 轮完整保留。/reset 会把它和历史一起忘掉。",
+        "en": ("🧠 What I keep of this chat's first {count} turn(s) (updated {updated} UTC):\n{summary}\n\n"
+               "The {recent} turn(s) after it are kept whole. /reset forgets it with the history."),
+    },
+    "quota_refused_turns": {
+        "zh": "⛔ 你今天的 {limit} 个问题额度已经用完。额度在 UTC {reset} 重置（{wait}后），到时再来问吧。",
+        "en": "⛔ You have used today's {limit} questions. The limit resets at {reset} UTC (in {wait}): ask again then.",
+    },
+    "quota_refused_tokens": {
+        "zh": "⛔ 你今天的 {limit} 个 token 额度已经用完。额度在 UTC {reset} 重置（{wait}后），到时再来问吧。",
+        "en": ("⛔ You have used today's {limit} tokens of answers. The limit resets at {reset} UTC (in {wait}): ask "
+               "again then."),
+    },
+    "quota_header": {
+        "zh": "📊 你今天的额度（按 UTC 日计，UTC {reset} 重置，还有 {wait}）：",
+        "en": "📊 Your share today (a UTC day; it resets at {reset} UTC, in {wait}):",
+    },
+    "quota_turns": {"zh": "问题：已用 {used} / {limit}，还剩 {left}", "en": "Questions: {used} of {limit} used, {left} left"},
+    "quota_turns_unlimited": {"zh": "问题：今天已问 {used} 个，不限", "en": "Questions: {used} asked today, no limit"},
+    "quota_tokens": {"zh": "Token：已用 {used} / {limit}，还剩 {left}", "en": "Tokens: {used} of {limit} used, {left} left"},
+    "quota_tokens_unlimited": {"zh": "Token：今天已用 {used}，不限", "en": "Tokens: {used} used today, no limit"},
+    "quota_admin": {"zh": "（你是管理员：额度不限制你。）", "en": "(You are an admin: no limit applies to you.)"},
+    "duration": {"zh": "{hours} 小时 {minutes} 分钟", "en": "{hours} h {minutes} min"},
+    "export_caption": {
+        "zh": "📄 本聊天的记录：{turns} 轮问答。",
+        "en": "📄 This chat's history: {turns} turn(s).",
+    },
+    "export_caption_cut": {
+        "zh": "📄 本聊天的记录：最近的 {turns} 轮问答（更早的 {left_out} 轮超出了文件大小上限）。",
+        "en": "📄 This chat's history: its newest {turns} turn(s) (the {left_out} before them did not fit the size limit).",
+    },
+    "export_nothing": {
+        "zh": "本聊天还没有可以导出的记录。",
+        "en": "Nothing to export: this chat's history is empty.",
+    },
+    "help_persona": {
+        "zh": "本聊天的角色设定：{persona}",
+        "en": "This chat's persona: {persona}",
+    },
     "database_gone": {
         "zh": "⚠️ 机器人需要停下来：它的数据库文件不见了。这个问题没有得到回答，恢复后请再问一次。",
         "en": ("⚠️ The bot has to stop: its database file is gone. This question was not answered; please ask again "
@@ -164,12 +215,4 @@ TEXTS: dict[str, dict[str, str]] = {
 }
 
 
-def language(code: str | None) -> str:
-    """'zh' for any Chinese language code (zh, zh-hans, zh-TW...), else 'en'."""
-    return "zh" if (code or "").lower().startswith("zh") else "en"
-
-
-def text(key: str, lang: str, **values: object) -> str:
-    """The message `key` in `lang` (falling back to English), with `values` filled in."""
-    variants = TEXTS[key]
-    return variants.get(lang, variants["en"]).format(**values)
+add_texts(TEXTS)

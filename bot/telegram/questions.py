@@ -18,6 +18,7 @@ import logging
 import re
 import unicodedata
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Awaitable, Callable, Protocol
 
 from telegram import Message, MessageEntity, Update, User
@@ -33,6 +34,7 @@ from bot.program.metrics import TurnTimer
 from bot.telegram.chat import is_group, may_talk, refuse, reply, session_for, topic_of, user_language
 from bot.telegram.context import BotContext
 from bot.telegram.i18n import text
+from bot.telegram.quotas import QuotaState
 from bot.telegram.replies import TurnFeedback, quietly, split_message
 from bot.telegram.streaming import AnswerStream, StreamTarget
 from bot.telegram.turns import BY_DATABASE_GONE, BY_SHUTDOWN, BY_USER, TurnSlot
@@ -121,6 +123,11 @@ async def _take_turn(update: Update, context: BotContext, asked: Asked, slot: Tu
         log.info("update %s: its stored answer went out before the restart; not sent again", slot.update_id)
         slot.answered = True
         return
+    if stored is None and not context.access.is_admin(user.id) \
+            and (used_up := await context.quotas.exhausted(user.id)) is not None:
+        context.turns.release(slot)
+        await refuse_over_quota(context, message, user.id, used_up, lang)
+        return
     prompt = f"{asker_name(user)}: {asked.text}" if is_group(message) else asked.text
     await run_turn(context, message, session_for(message), replace(asked, text=prompt), slot, lang, stored)
 
@@ -137,6 +144,25 @@ async def turn_away(update: Update, context: BotContext) -> None:
         await quietly(reply(update.effective_message, text("too_many_pending", user_language(update),
                                                            limit=context.settings.turns.max_pending_questions)),
                       "the too-many-questions notice")
+
+
+async def refuse_over_quota(context: BotContext, message: Message, user_id: int, used_up: QuotaState,
+                            lang: str) -> None:
+    """A question past the user's daily quota: why and when to ask again, said once a day; then nothing."""
+    if not context.quotas.tell_once(user_id):
+        log.debug("user %s is over their daily %s quota; question dropped quietly", user_id, used_up.kind)
+        return
+    window = context.quotas.window()
+    await quietly(reply(message, text(f"quota_refused_{used_up.kind}", lang, limit=used_up.limit,
+                                      reset=window.reset.strftime("%H:%M"),
+                                      wait=duration_text(window.until_reset(context.quotas.clock()), lang))),
+                  "the quota notice")
+
+
+def duration_text(left: timedelta, lang: str) -> str:
+    """A wait in hours and minutes, in `lang` (rounded up to the minute)."""
+    minutes = -(-int(left.total_seconds()) // 60)
+    return text("duration", lang, hours=minutes // 60, minutes=minutes % 60)
 
 
 def question_problem(question: str, settings: Settings, lang: str) -> str | None:

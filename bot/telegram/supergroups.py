@@ -89,19 +89,27 @@ async def _move_sessions(conn: Any, old_id: int, new_id: int) -> int:
                            (new_session, new_id, old_session))
         for table in ("messages", "turns"):  # a fixed list: no user text in the statement
             await conn.execute(f"UPDATE {table} SET session_id = ? WHERE session_id = ?", (new_session, old_session))
+        await conn.execute("UPDATE OR IGNORE session_summaries SET session_id = ? WHERE session_id = ?",
+                           (new_session, old_session))
         await conn.execute("DELETE FROM sessions WHERE id = ?", (old_session,))
     return len(old_sessions)
 
 
 async def _move_tool_settings(conn: Any, old_id: int, new_id: int) -> int:
-    """The old chat's own tool settings, where the new chat has none of its own."""
+    """The old chat's own tool settings and options, where the new chat has none of its own."""
     old_key, new_key = chat_key(old_id), chat_key(new_id)
     cursor = await conn.execute("INSERT OR IGNORE INTO tool_settings (scope, tool_name, enabled, updated_at) "
                                 "SELECT ?, tool_name, enabled, updated_at FROM tool_settings WHERE scope = ?",
                                 (new_key, old_key))
-    moved = cursor.rowcount
+    moved = max(cursor.rowcount, 0)
     await conn.execute("DELETE FROM tool_settings WHERE scope = ?", (old_key,))
-    return max(moved, 0)
+    # The chat's own agent options (the first-step policy, the persona) go with them.
+    cursor = await conn.execute("INSERT OR IGNORE INTO chat_options (scope, name, value, updated_at) "
+                                "SELECT ?, name, value, updated_at FROM chat_options WHERE scope = ?",
+                                (new_key, old_key))
+    moved += max(cursor.rowcount, 0)
+    await conn.execute("DELETE FROM chat_options WHERE scope = ?", (old_key,))
+    return moved
 
 
 async def _move_documents(conn: Any, old_id: int, new_id: int) -> int:

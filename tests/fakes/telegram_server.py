@@ -13,8 +13,9 @@ call's `offset` confirms it, as Telegram does), sendMessage, sendMessageDraft (p
 deleteMessage, sendChatAction, setMyCommands, deleteWebhook, setWebhook and getWebhookInfo; and files as the real Bot
 API serves them: `send_document`, `send_voice` and `send_photo` queue a message with a user's file, `getFile`
 answers its `file_path` (refusing a file over 20 MB, "file is too big", as Telegram does for bots) and
-GET /file/bot<token>/<file_path> downloads it (`files_fetched` records the downloads). Like the real server it
-refuses texts over 4096
+GET /file/bot<token>/<file_path> downloads it (`files_fetched` records the downloads). The bot's own sendDocument is
+taken as a multipart upload (refused past Telegram's 50 MB for a bot's document and 1024-character captions), stored
+the same way, and listed by `documents()`. Like the real server it refuses texts over 4096
 characters, empty texts, HTML it cannot parse, and edits that change nothing. `fail(...)` scripts failures per
 method: error statuses, 429 with `retry_after`, slow answers and dropped connections, before the call takes
 effect or after it (a lost answer), for a number of calls or for a few seconds (an outage). Every call is recorded.
@@ -28,6 +29,8 @@ its own thread only. Tests on the event loop wait with `await server.wait_for(pr
 from __future__ import annotations
 
 import asyncio
+import email.parser
+import email.policy
 import itertools
 import json
 import socket
@@ -44,6 +47,8 @@ from tests.fakes.openai_server import json_bytes
 
 TOKEN = "123456:TEST-token-for-the-fake-server"
 MAX_TEXT = 4096
+MAX_CAPTION = 1024
+MAX_UPLOAD_BYTES = 50 * 1000 * 1000  # what a bot may send as a document
 MAX_DOWNLOAD = 20 * 1024 * 1024  # getFile refuses bigger files: bots download at most 20 MB
 # Form fields PTB sends JSON-encoded; everything else (text, parse_mode, action...) is a plain string.
 JSON_FIELDS = {
@@ -148,6 +153,17 @@ class Failure:
         return self.when is None or self.when(params)
 
 
+@dataclass(frozen=True)
+class SentDocument:
+    """A document the bot sent: where, its file's name and bytes, and its caption."""
+
+    chat_id: int
+    file_id: str
+    file_name: str
+    data: bytes
+    caption: str
+
+
 @dataclass
 class _State:
     updates: list[dict[str, Any]] = field(default_factory=list)  # not yet confirmed by an offset
@@ -156,6 +172,7 @@ class _State:
     next_message_id: dict[int, int] = field(default_factory=dict)
     webhook_url: str = ""
     files: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # file_id → (file_path, content)
+    sent_documents: list[SentDocument] = field(default_factory=list)  # what the bot sent, in order
 
 
 class FakeTelegramServer:
@@ -425,6 +442,15 @@ class FakeTelegramServer:
                  for c in self.calls_to("sendMessageDraft", ok=True) if c.params["chat_id"] == chat_id]
         return [_visible_text(body, mode) if body else "" for body, mode in texts]
 
+    def documents(self, chat_id: int | None = None) -> list[SentDocument]:
+        """The documents the server accepted from the bot (optionally in one chat), in order."""
+        with self._lock:
+            return [d for d in self._state.sent_documents if chat_id is None or d.chat_id == chat_id]
+
+    def file_url(self, file_path: str) -> str:
+        """Where a file is downloaded from, as the Bot API serves it (getFile gives `file_path`)."""
+        return f"http://127.0.0.1:{self.port}/file/bot{self.token}/{file_path}"
+
     def sent_texts(self, chat_id: int | None = None) -> list[str]:
         """The visible texts of accepted messages, in order."""
         return [c.result["text"] for c in self.sent(chat_id)]
@@ -515,6 +541,25 @@ class FakeTelegramServer:
                 message["message_thread_id"] = params["message_thread_id"]
             self._state.messages[(chat_id, message["message_id"])] = message
         return dict(message)  # a copy: the recorded call keeps the text as sent, whatever edits follow
+
+    def _api_sendDocument(self, params: dict[str, Any]) -> dict[str, Any]:
+        upload = params.get("document")
+        if not isinstance(upload, dict):
+            raise _ApiError(400, "Bad Request: this fake takes documents as uploads only")
+        if len(upload["data"]) > MAX_UPLOAD_BYTES:
+            raise _ApiError(413, "Request Entity Too Large")
+        caption = str(params.get("caption") or "")
+        if len(caption) > MAX_CAPTION:
+            raise _ApiError(400, "Bad Request: message caption is too long")
+        chat_id = int(params["chat_id"])
+        document = self.add_file(upload["filename"], upload["data"], upload["content_type"])
+        with self._lock:
+            self._state.sent_documents.append(SentDocument(chat_id, document["file_id"], upload["filename"],
+                                                           upload["data"], caption))
+            message = {"message_id": self._new_message_id(chat_id), "date": int(time.time()),
+                       "chat": self._chat_of(chat_id), "from": self.bot.as_dict(), "caption": caption,
+                       "document": document}
+        return message
 
     def _api_sendMessageDraft(self, params: dict[str, Any]) -> bool:
         if not self.drafts:
@@ -725,11 +770,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve({})
 
     def do_POST(self) -> None:
-        """POST with a form or a JSON body, as PTB sends."""
-        raw = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode("utf-8")
-        if self.headers.get("Content-Type", "").startswith("application/json"):
-            params = json.loads(raw or "{}")
+        """POST with a form, a JSON body, or a multipart upload, as PTB sends."""
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        kind = self.headers.get("Content-Type", "")
+        if kind.startswith("multipart/form-data"):
+            params = _multipart(kind, body)
+        elif kind.startswith("application/json"):
+            params = json.loads(body.decode("utf-8") or "{}")
         else:
+            raw = body.decode("utf-8")
             params = {key: _decode(key, value) for key, value in parse_qsl(raw, keep_blank_values=True)}
         self._serve(params)
 
@@ -803,6 +852,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client gave up (a cancelled long poll): nothing to answer
+
+
+def _multipart(content_type: str, body: bytes) -> dict[str, Any]:
+    """The fields of a multipart/form-data body: text fields as in a form, files as {filename, data, content_type}."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode("latin-1") + body)
+    params: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True) or b""
+        filename = part.get_filename()
+        if filename is not None:
+            params[name] = {"filename": filename, "data": data, "content_type": part.get_content_type()}
+        else:
+            params[name] = _decode(name, data.decode("utf-8"))
+    return params
 
 
 def _decode(key: str, value: str) -> Any:

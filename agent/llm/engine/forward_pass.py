@@ -27,7 +27,9 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from agent.llm.engine.attention import NAME, SHORT_QUERY, decode_attention
-from agent.llm.engine.internals import attention_implementation, has_hooks, int8_product, on_checked_path
+from agent.llm.engine.internals import attention_implementation, has_hooks, on_checked_path
+from agent.llm.engine.linear_int4 import Int4Linear
+from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear
 from agent.llm.engine.kv_cache import RoomyLayer
 
 # The model classes whose forward this pass mirrors: the same layer, attention and MLP code (Qwen2 adds biases
@@ -133,9 +135,9 @@ def _layer_plan(layer: Any, in_float32: bool) -> LayerPlan:
 
 
 def _product(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`module`'s forward; for an int8 layer of `quantize_int8` (linear_int8.py), the quantized product its forward
-    makes, called directly (internals.py's `int8_product`)."""
-    return int8_product(module) or module
+    """`module`'s forward; for a quantized layer (linear_int8.py, linear_int4.py), its forward called directly
+    (past `nn.Module.__call__`: a pass makes some 200 such calls)."""
+    return module.forward if type(module) in (Int8Linear, Int4Linear, OutputInt8Linear) else module
 
 
 def _norm(module: Any, in_float32: bool) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -6,7 +6,13 @@
                                                                                                   weights.py
     Module._forward_hooks, _forward_pre_hooks,       a module with a hook keeps the model's own   forward_pass.py
       accelerate's _hf_hook                          forward (the pass calls past hooks)
-    quantized Linear._packed_params                  the int8 product, called directly            forward_pass.py
+    torch.ops.quantized.linear_prepack,              int8 weights packed for fbgemm, and their    linear_int8.py
+      linear_dynamic (and quantize_per_channel,      product (activations quantized per call)
+      deprecated with quantized tensors)
+    torch.ops.aten._weight_int8pack_mm               the output layer's int8 weights, activations linear_int8.py
+                                                     as they are
+    torch.ops.aten._convert_weight_to_int4pack_for_cpu,  int4 weights packed for torch's CPU      linear_int4.py
+      _weight_int4pack_mm_for_cpu                    kernel, and their product
     torch.ops.mkldnn._reorder_linear_weight,         bf16 weights laid out once for oneDNN        linear_bf16.py
       _linear_pointwise
     DynamicLayer.lazy_initialization                 a batch cache layer of our own (CacheLayer)  kv_cache.py
@@ -21,10 +27,14 @@ model (weights.py), on the loaded model itself with a tiny batch (two rows, one 
                      cache (within rounding), and holds the first layer's keys and values bit for bit
     pass_mismatch    the decode pass (forward_pass.py) gives the model's forward's scores, bit for bit
     packing_fails    a packed bf16 layer gives `F.linear`'s outputs on the model's own first weight
+    int8_fails,      before quantizing (MODEL_DTYPE=int8, int4): a small layer of their own through the kernel
+      int4_fails,    gives `F.linear` over its de-quantized weight, within the activations' rounding
+      output_int8_fails
 
 Where one of the first three fails, `fall_back` puts the model on transformers' own attention, forward and cache,
 and logs one line naming what failed: an upgrade may cost speed, never correctness. Where packing fails, the bf16
-layers stay plain (also one line).
+layers stay plain (also one line); where an int8 or int4 kernel fails, the layers stay as loaded (bf16 or fp32),
+with one line: more memory and less speed, the same model.
 """
 
 from __future__ import annotations
@@ -61,16 +71,46 @@ def has_hooks(module: Any) -> bool:
     return bool(hasattr(module, "_hf_hook") or module._forward_hooks or module._forward_pre_hooks)
 
 
-def int8_product(module: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The quantized product an int8 layer of `quantize_int8` makes in its forward, as one direct call; None for
-    any other module (its forward only picks this product, and casts float32 to float32)."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+def int8_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """`weight` (2-D, float) in int8, symmetric per output channel, packed with `bias` for fbgemm's product.
 
-    if (type(module) is DynamicInt8Linear and module._packed_params.dtype == torch.qint8
-            and (module.version or 0) >= 4):
-        packed = module._packed_params._packed_params
-        return lambda inputs: torch.ops.quantized.linear_dynamic(inputs, packed, reduce_range=True)
-    return None
+    fbgemm's int8 product is the fastest CPU product torch has at every batch width measured (bench/README.md §
+    Linear layers), but it is reached only through quantized tensors, which torch deprecates: hence this guard.
+    """
+    import warnings
+
+    weight = weight.detach().float()
+    scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
+    zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the deprecation notice of quantized tensors, once per layer
+        quantized = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(quantized, None if bias is None else bias.detach().float())
+
+
+def int8_linear(flat: torch.Tensor, packed: Any) -> torch.Tensor:
+    """`F.linear` of 2-D float32 `flat` with an `int8_pack`ed weight: the activations quantized per call, over
+    the whole of `flat` (seven bits, as fbgemm wants on x86), so a row's output depends a little on the others."""
+    return torch.ops.quantized.linear_dynamic(flat, packed, reduce_range=True)
+
+
+def int8_weight_only_linear(flat: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """`F.linear` of 2-D `flat` (bf16 or fp32) with an int8 weight [out, in] and its per-output scales (in
+    `flat`'s dtype), the activations left as they are: each row computed on its own."""
+    return torch.ops.aten._weight_int8pack_mm(flat, weight, scales)
+
+
+def int4_pack(levels: torch.Tensor) -> torch.Tensor:
+    """int4 levels ([out, in] int32 in 0..15) laid out for torch's CPU int4 kernel (a layout of this CPU's own:
+    made at load, never saved)."""
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels.to(torch.int32).contiguous(), 1)
+
+
+def int4_linear(flat: torch.Tensor, packed: torch.Tensor, group: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+    """`F.linear` of 2-D bf16 `flat` with an `int4_pack`ed weight, each group of `group` inputs de-quantized as
+    `(level - 8) * scale + zero` ([in / group, out, 2] bf16). Each row is computed on its own: the same outputs
+    whatever else the batch holds."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, group, scales_and_zeros)
 
 
 def pack_bf16_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -126,6 +166,48 @@ def packing_fails(linear: torch.nn.Linear) -> str | None:
     except (AttributeError, RuntimeError) as error:  # no mkldnn ops in this build, or no bf16 support in them
         return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
     return None if torch.equal(packed, expected) else "the packed product differs from F.linear"
+
+
+def int8_fails() -> str | None:
+    """Why the int8 product cannot be used here (its ops gone, or not giving `F.linear` over the de-quantized
+    weight within the activations' rounding), or None."""
+    from agent.llm.engine import linear_int8
+
+    return _kernel_fails(linear_int8.Int8Linear, linear_int8.TOLERANCE)
+
+
+def int4_fails() -> str | None:
+    """Why the int4 product cannot be used here, or None (as `int8_fails`)."""
+    from agent.llm.engine import linear_int4
+
+    return _kernel_fails(linear_int4.Int4Linear, linear_int4.TOLERANCE)
+
+
+def output_int8_fails() -> str | None:
+    """Why the output layer's int8 product (weights only) cannot be used here, or None (as `int8_fails`)."""
+    from agent.llm.engine import linear_int8
+
+    return _kernel_fails(linear_int8.OutputInt8Linear, linear_int8.OUTPUT_TOLERANCE)
+
+
+def _kernel_fails(layer_class: Any, tolerance: float) -> str | None:
+    """A 128→64 layer of its own (bf16 inputs, as the model's) through `layer_class`, against `F.linear` over the
+    weights it de-quantizes to: the largest difference within `tolerance` of the largest output."""
+    generator = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(128, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(64, 128, generator=generator) * 0.05)
+        linear.bias.copy_(torch.randn(64, generator=generator) * 0.01)
+    probe = torch.randn(5, 128, generator=generator).to(torch.bfloat16)
+    try:
+        with torch.inference_mode():
+            layer = layer_class(linear)
+            got = layer(probe).float()
+            expected = torch.nn.functional.linear(probe.float(), layer_class.rounded(linear.weight), linear.bias.float())
+    except (AttributeError, RuntimeError, NotImplementedError) as error:  # ops gone, or not built for this CPU
+        return f"{type(error).__name__}: {_first_line(error)}"
+    difference = float((got - expected).abs().max() / expected.abs().max())
+    return None if difference <= tolerance else f"its outputs differ from F.linear's by {difference:.3g}"
 
 
 def cache_mismatch(model: Any) -> str | None:

@@ -2,19 +2,22 @@
 
 A job is made on the event loop and answered from the model thread: its text pieces and its result travel back
 through `call_soon_threadsafe`, so its caller's callbacks and future are only ever touched on the event loop.
+
+The queue keeps its jobs in arrival order but does not decide who goes first: the admission policy
+(admission.py) looks at the waiting jobs (`waiting`) and takes the ones it chooses (`take`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from agent.grammar import Grammar
-from agent.llm.base import CancelToken, Completion, Message, TextSink
+from agent.llm.base import CancelToken, Completion, Message, Priority, TextSink
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,13 @@ class Job:
     on_text: TextSink | None = None  # called on the event loop with each piece of new text
     own_cancel: CancelToken = field(default_factory=CancelToken)
     submitted_at: float = field(default_factory=time.monotonic)
+    user_key: str = ""  # whose call it is: admission shares the rows fairly among the keys waiting
+    priority: Priority = Priority.NORMAL  # LOW: nobody waits for it; it runs only while no NORMAL job waits or runs
+
+    @property
+    def low(self) -> bool:
+        """Whether this is a background job (a summary), admitted only where no person's job needs the room."""
+        return self.priority == Priority.LOW
 
     @property
     def cancelled(self) -> bool:
@@ -74,46 +84,62 @@ def resolve(future: asyncio.Future, result: Any, error: BaseException | None) ->
         future.set_result(result)
 
 
-_WAKE = object()  # queue mark: the model thread stops waiting for jobs (it is closing)
-
-
 class JobQueue:
-    """Jobs waiting for the model thread, first in first out; safe to use from any thread."""
+    """Jobs waiting for the model thread, in arrival order; safe to use from any thread."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue = queue.Queue()
+        self._jobs: list[Job] = []
+        self._woken = False
+        self._changed = threading.Condition()
 
     def put(self, job: Job) -> None:
         """Queue `job` (called on the event loop)."""
-        self._queue.put(job)
+        with self._changed:
+            self._jobs.append(job)
+            self._changed.notify_all()
 
     def wake(self) -> None:
-        """Release a model thread waiting in `get`: it gets None."""
-        self._queue.put(_WAKE)
+        """Release a model thread waiting in `wait_for`, now and from now on (the engine is closing)."""
+        with self._changed:
+            self._woken = True
+            self._changed.notify_all()
 
-    def get(self, timeout: float | None = None, block: bool = True) -> Job | None:
-        """The oldest job: waiting for one up to `timeout` seconds (None: as long as it takes) when `block`; None
-        when none came, or the queue was woken."""
-        try:
-            item = self._queue.get(timeout=timeout) if block else self._queue.get_nowait()
-        except queue.Empty:
-            return None
-        return None if item is _WAKE else item
+    def wait_for(self, ready: Callable[[list[Job]], bool], timeout: float | None = None) -> bool:
+        """Wait until `ready(waiting jobs)` holds, up to `timeout` seconds (None: as long as it takes); False when
+        it does not hold by then, or the queue was woken."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while not self._woken and not ready(self._jobs):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(left)
+            return not self._woken
+
+    def waiting(self) -> list[Job]:
+        """The jobs waiting now, oldest first (a copy)."""
+        with self._changed:
+            return list(self._jobs)
+
+    def take(self, chosen: Sequence[Job]) -> None:
+        """Remove the `chosen` jobs (taken into a batch) from the queue."""
+        taken = {id(job) for job in chosen}
+        with self._changed:
+            self._jobs = [job for job in self._jobs if id(job) not in taken]
 
     def empty(self) -> bool:
         """Whether no job waits."""
-        return self._queue.empty()
+        with self._changed:
+            return not self._jobs
 
     def size(self) -> int:
-        """How many jobs wait (a close's wake-up mark may count as one)."""
-        return self._queue.qsize()
+        """How many jobs wait."""
+        with self._changed:
+            return len(self._jobs)
 
     def fail_all(self, error: BaseException) -> None:
         """Answer every waiting job with `error`, and empty the queue."""
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is not _WAKE:
-                item.settle(error=error)
+        with self._changed:
+            jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            job.settle(error=error)

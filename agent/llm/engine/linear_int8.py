@@ -1,26 +1,122 @@
-"""int8 linear layers on a CPU: weights per output channel, activations quantized at every product.
+"""int8 linear layers on a CPU (MODEL_DTYPE=int8): weights per output channel, activations quantized at every product.
 
-On a CPU decoding reads every weight once per token, so int8 weights (a quarter of fp32's bytes) make a step
-about twice as fast, and fbgemm's int8 kernels speed prompts up too (bench/README.md § Engine design
-measurements). The price: outputs differ a
-little from fp32's, and a step's activations are scaled over the whole batch, so a row's output may depend on
-its batch neighbours. `torch.ao`'s dynamic quantization is deprecated in favour of torchao, but is in the
-torch this project pins, with the CPU kernels torchao lacks without compiling.
+On a CPU decoding reads every weight once per token, so int8 weights (half of bf16's bytes, a quarter of fp32's)
+make a step faster, and fbgemm's int8 kernels are the fastest products torch has on a CPU at every batch width we
+measured, prompts included (bench/README.md § Linear layers). The price: outputs differ a little from fp32's, and
+a product's activations are scaled over the whole batch, so a row's output may depend on its batch neighbours (no
+batch- or cache-equality: MODEL_DTYPE=float32 has that).
+
+torch reaches fbgemm's int8 product only through quantized tensors, which it deprecates, and torchao's int8 layouts
+run on a CPU 20-50 times slower (bench/README.md). So the kernel is called directly, through internals.py, which
+checks it once at load (`int8_fails`); where it is gone the layers stay as loaded, with one log line.
+
+`quantize_linears` replaces the layers one at a time, so the float weights of one layer at most are held twice.
 """
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from agent.llm.engine.internals import int8_linear, int8_pack, int8_weight_only_linear
 
-def quantize_int8(model: Any) -> Any:
-    """The model with its linear layers in int8 (MODEL_DTYPE=int8), quantized in place."""
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+# The self-test's bound (internals.py): the product's largest difference from `F.linear` over the de-quantized
+# weight, as a share of the largest output. Seven-bit activations give about 0.02; a wrong layout gives ~1.
+TOLERANCE = 0.05
+OUTPUT_TOLERANCE = 0.02  # the output layer's product: bf16 inputs, bf16 scales
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # its deprecation notices, once per layer
-        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
-                                inplace=True)  # no second copy of the weights, even for a moment
+
+class Int8Linear(torch.nn.Module):
+    """`nn.Linear`'s forward with its weight in int8 (packed for fbgemm); inputs and outputs in the model's dtype
+    (the product itself takes float32)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.out_dtype = linear.weight.dtype
+        self.packed = int8_pack(linear.weight, linear.bias)  # an fbgemm object, not a tensor: no buffer
+        self.nbytes = linear.out_features * (linear.in_features + 4)  # the int8 weight and its scales
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        flat = inputs.reshape(-1, self.in_features).float()
+        output = int8_linear(flat, self.packed)
+        return output.to(self.out_dtype).reshape(*inputs.shape[:-1], self.out_features)
+
+    @staticmethod
+    def rounded(weight: torch.Tensor) -> torch.Tensor:
+        """The float32 weight this layer computes with, for `weight` (what the self-test compares against)."""
+        weight = weight.detach().float()
+        scales = (weight.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)
+        return (weight / scales).round().clamp(-128, 127) * scales
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class OutputInt8Linear(torch.nn.Module):
+    """The output layer with its weight in int8 per output channel and its inputs as they are (bf16 or fp32): the
+    scores decide every token, and a small model's top two are often close, so its inputs are not rounded to the
+    seven bits of `Int8Linear`'s (which turned greedy answers of the test model); each row computed on its own."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        self.register_buffer("weight_int8", (weight / scales[:, None]).round().clamp(-128, 127).to(torch.int8))
+        self.register_buffer("scales", scales.to(linear.weight.dtype))
+        self.bias = linear.bias
+        self.nbytes = self.weight_int8.nbytes + self.scales.nbytes
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        flat = inputs.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()
+        output = int8_weight_only_linear(flat, self.weight_int8, self.scales)
+        if self.bias is not None:
+            output = output + self.bias
+        return output.reshape(*inputs.shape[:-1], self.out_features)
+
+    @staticmethod
+    def rounded(weight: torch.Tensor) -> torch.Tensor:
+        """The float32 weight this layer computes with (scales rounded to the model's dtype, as held)."""
+        held = weight.dtype
+        weight = weight.detach().float()
+        scales = (weight.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)
+        return (weight / scales).round().clamp(-128, 127) * scales.to(held).float()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+
+
+def output_layer(model: Any) -> torch.nn.Module | None:
+    """The model's output layer (the scores' product), or None."""
+    return model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+
+def quantize_int8(model: Any, output_weight_only: bool = True) -> Any:
+    """The model with its linear layers in int8 (MODEL_DTYPE=int8), replaced in place; the output layer's inputs
+    left unrounded (`OutputInt8Linear`) where `output_weight_only`; returns the model."""
+    output = output_layer(model)
+
+    def make(linear: torch.nn.Linear) -> torch.nn.Module:
+        return OutputInt8Linear(linear) if linear is output and output_weight_only else Int8Linear(linear)
+
+    quantize_linears(model, make)
+    return model
+
+
+def quantize_linears(model: Any, make: Callable[[torch.nn.Linear], torch.nn.Module | None]) -> int:
+    """Replace every float `nn.Linear` of `model` on the CPU by `make(layer)` (None: keep it), one at a time, so
+    that a layer's float weight is let go before the next is quantized; returns how many were replaced. A tied
+    output layer gets a quantized copy; the embedding keeps its weight."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.Linear or child.weight.device.type != "cpu":
+                continue
+            with torch.no_grad():
+                replacement = make(child)
+            if replacement is not None:
+                setattr(parent, name, replacement)
+                count += 1
+    return count

@@ -58,22 +58,35 @@ def resolve_model(setting: str, base_dir: Path | None = None) -> ModelSource:
                          "(nor a hub id like Qwen/Qwen2.5-1.5B-Instruct)")
 
 
+QUANTIZED = ("int8", "int4")  # MODEL_DTYPEs whose linear layers are quantized after loading (CPUs only)
+
+
 def choose_dtype(setting: str, on_gpu: bool) -> Any:
-    """The torch dtype for MODEL_DTYPE; `auto` means bf16 where the hardware computes it natively, else fp32.
+    """The torch dtype to load the model in for MODEL_DTYPE; `auto` means bf16 where the hardware computes it
+    natively, else fp32. int8 and int4 load in the same dtype as auto, then quantize the linear layers.
 
     Native bf16: a CUDA GPU, or a CPU with avx512_bf16 or AMX (several times faster than fp32 there: bench/README.md).
     Without those instructions bf16 is emulated and slower than fp32. bf16 is not batch-invariant: rounding can
     flip a near-tied greedy choice when the batch shape changes; MODEL_DTYPE=float32 buys exact, batch-independent
-    outputs (on a CPU) at that speed cost.
+    outputs (on a CPU) at that speed cost. Why auto is not int8 or int4 though both are a setting away (measured
+    by bench/dtype_agreement.py, bench/README.md § MODEL_DTYPE=auto): int8 is faster but leaves float32's tokens
+    early in nearly every row; int4 follows float32 as closely as bf16 but is slower on long prompts.
     """
     import torch
 
     check_dtype_setting(setting)
-    if setting == "auto":
+    if setting == "auto" or setting in QUANTIZED:
         return torch.bfloat16 if on_gpu or cpu_has_native_bf16() else torch.float32
-    if setting == "int8":
-        return torch.float32  # loaded in fp32, then its linear layers quantized (`quantize_int8`)
     return getattr(torch, setting)
+
+
+def resolved_mode(setting: str, on_gpu: bool) -> tuple[str, int]:
+    """What MODEL_DTYPE `setting` runs as here (a dtype's name, or int8/int4), and the bytes of one number of
+    the rest of the model and of its KV cache."""
+    dtype = choose_dtype(setting, on_gpu)
+    if setting in QUANTIZED:
+        return setting, dtype.itemsize
+    return str(dtype).removeprefix("torch."), dtype.itemsize
 
 
 def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -114,9 +127,9 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
 
     started = time.perf_counter()
     on_gpu = torch.cuda.is_available() and device_map not in ("", "cpu")
-    if dtype_setting == "int8" and on_gpu:
-        raise ModelLoadError("MODEL_DTYPE=int8 is for CPUs (its kernels run there only): on a GPU use auto (bf16), "
-                             "or MODEL_DEVICE_MAP=cpu")
+    if dtype_setting in QUANTIZED and on_gpu:
+        raise ModelLoadError(f"MODEL_DTYPE={dtype_setting} is for CPUs (its kernels run there only): on a GPU use "
+                             "auto (bf16), or MODEL_DEVICE_MAP=cpu")
     dtype = choose_dtype(dtype_setting, on_gpu)
     converted = converted_folder(source, dtype, converted_dir)
     try:
@@ -132,10 +145,11 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     except Exception as error:
         raise ModelLoadError(f"MODEL {source.setting}: cannot load it: {_first_line(error)}") from error
     model.eval()
-    model = speed_up(model, on_gpu=on_gpu, int8=dtype_setting == "int8", native_bf16=cpu_has_native_bf16())
+    quantize = dtype_setting if dtype_setting in QUANTIZED else None
+    model = speed_up(model, on_gpu=on_gpu, quantize=quantize)
     grammars = GrammarEngine(tokenizer)
     # Logged once the model can answer (bench/bench_local.py times a second start of `qwenbot ask` to this line).
-    log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, "int8" if dtype_setting == "int8" else model.dtype,
+    log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, quantize or model.dtype,
              model.device, time.perf_counter() - started,
              f" from {converted}" if converted and converted.exists() else "")
     return LoadedModel(model, tokenizer, grammars)

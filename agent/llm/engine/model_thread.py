@@ -13,7 +13,9 @@ Nothing but this thread touches torch, the model or this tokenizer: HF fast toke
 when one instance is used from two threads, and a blocked event loop would freeze every chat.
 
 A request that arrives during a batch joins at the next step when the admission policy lets it: the batch pauses,
-its unfinished rows keep their own KV and go on in the next batch beside the newcomer (batch.py).
+its unfinished rows keep their own KV and go on in the next batch beside the newcomer (batch.py). Admission
+(admission.py) takes people's jobs round-robin across users, and background jobs only while no person's job waits or
+runs (a background row is held aside, with its KV, when one comes).
 Every caller is answered as soon as its own row ends, not when the batch does.
 """
 
@@ -35,6 +37,7 @@ from agent.llm.engine.admission import Admission
 from agent.llm.engine.batch import BatchRow, generate_rows, render_prompt
 from agent.llm.engine.grammar_masks import GrammarEngine, RowGrammar
 from agent.llm.engine.jobs import Job, JobQueue, resolve
+from agent.llm.engine.memory import PREFIX_CACHE_TOKENS, default_prefix_store_bytes
 from agent.llm.engine.prefix_store import PrefixStore
 from agent.llm.engine.speculative import SpeculativeLimits
 from agent.llm.engine.text_stream import TextStream
@@ -55,7 +58,7 @@ class ModelThread:
     """Owns the model thread: loads the model there, then runs batches of jobs until closed."""
 
     def __init__(self, load: Callable[[], LoadedModel], *, admission: Admission,
-                 min_new_tokens: int = 0, prefix_store_bytes: int = 0,
+                 min_new_tokens: int = 0, prefix_store_bytes: int | None = 0,
                  speculative: SpeculativeLimits = SpeculativeLimits(), counters: ModelCounters | None = None):
         self._load = load
         self.admission = admission  # which queued jobs join the next batch, and when a batch pauses for them
@@ -68,9 +71,12 @@ class ModelThread:
         self._exited: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._current: list[Job] = []
-        # Rows paused so that a newcomer could join: they go first into the next batch, each holding its own KV.
+        # Rows paused so that a newcomer could join: each holds its own KV, and resumes in a later batch (the next
+        # one, unless admission holds a background row aside while people's jobs need its place).
         self._paused: list[BatchRow] = []
-        self.prefix_store = PrefixStore(prefix_store_bytes)
+        # None: sized once the model is loaded, from its KV bytes per token (memory.py)
+        self._prefix_store_bytes = prefix_store_bytes
+        self.prefix_store = PrefixStore(prefix_store_bytes or 0)
         self._closing = threading.Event()
         # Plain counts for whoever reports them (batches, rows, speculative tokens; the queue read when asked),
         # and when the thread last made progress, for a health check to tell a stuck thread from an idle one.
@@ -122,6 +128,10 @@ class ModelThread:
             self._signal(self._loaded, None, error)
             self._signal(self._exited, None, None)
             return
+        if self._prefix_store_bytes is None:
+            self.prefix_store.budget_bytes = default_prefix_store_bytes(loaded.model)
+            log.info("prefix store: up to %d MiB (the KV of %d tokens of this model)",
+                     self.prefix_store.budget_bytes >> 20, PREFIX_CACHE_TOKENS)
         self._signal(self._loaded, loaded, None)
         try:
             self._serve(loaded)
@@ -135,7 +145,7 @@ class ModelThread:
         """Whatever ended the thread, nobody may be left waiting (settling a settled job is a no-op)."""
         self._closing.set()
         stopped = LLMError("the local model has stopped")
-        _fail_jobs(self._current, stopped)
+        _fail_jobs(self._current + [row.owner for row in self._paused], stopped)
         self._jobs.fail_all(stopped)
         self._signal(self._exited, None, None)
 
@@ -145,24 +155,26 @@ class ModelThread:
 
     def _serve(self, loaded: LoadedModel) -> None:
         while True:
-            resumed = self._paused
-            self._paused = []
-            self._current = [row.owner for row in resumed] + self.admission.admit(self._jobs, len(resumed))
+            going_on = self.admission.resume(self._jobs, [row.owner for row in self._paused])
+            resumed = [row for row in self._paused if any(row.owner is job for job in going_on)]
+            held = [row for row in self._paused if not any(row is other for other in resumed)]  # making room
+            admitted = self.admission.admit(self._jobs, [row.owner for row in resumed])
+            self._current = [row.owner for row in resumed + held] + admitted
             if self._closing.is_set():
                 closed = LLMError("the local model is shutting down")
                 _fail_jobs(self._current, closed)
                 self._jobs.fail_all(closed)
                 return
-            self._run_batch(loaded, resumed, self._current[len(resumed):])
-            self._current = []
+            self._paused = held + self._run_batch(loaded, resumed, admitted)
+            self._current = [row.owner for row in self._paused]
 
-    def _run_batch(self, loaded: LoadedModel, resumed: list[BatchRow], jobs: list[Job]) -> None:
-        """Generate for the resumed rows and every live new job in one batch; an error fails this batch's callers,
-        not the thread."""
+    def _run_batch(self, loaded: LoadedModel, resumed: list[BatchRow], jobs: list[Job]) -> list[BatchRow]:
+        """Generate for the resumed rows and every live new job in one batch; return the rows it paused. An error
+        fails this batch's callers, not the thread."""
         self._progress_at = time.monotonic()
         rows = resumed + [row for job in jobs if (row := _prepare(loaded, job)) is not None]
         if not rows:
-            return
+            return []
         log.debug("generating a batch of %d (longest prompt %d tokens)",
                   len(rows), max(len(row.prompt_ids) for row in rows))
         self._count_batch(len(rows))
@@ -175,15 +187,15 @@ class ModelThread:
             _free_device_memory()
             _fail(rows, LLMOutOfMemory(
                 f"out of memory generating a batch of {len(rows)}; lower BATCH_SIZE or MAX_NEW_TOKENS"))
-            return
+            return []
         except Exception as error:
             log.exception("generate failed for a batch of %d", len(rows))
             _fail(rows, LLMError(f"the local model failed: {type(error).__name__}: {error}"))
-            return
+            return []
         finally:
             self.counters.batch_rows = 0
             self._progress_at = time.monotonic()
-        self._paused = [row for row in rows if not row.finished]
+        return [row for row in rows if not row.finished]
 
     def _count_batch(self, rows: int) -> None:
         self.counters.batches += 1
@@ -197,8 +209,9 @@ class ModelThread:
         self.counters.speculative_accepted += taken
 
 
-def _live(rows: list[BatchRow]) -> int:
-    return sum(not row.finished for row in rows)
+def _live(rows: list[BatchRow]) -> list[Job]:
+    """The jobs of the rows still generating."""
+    return [row.owner for row in rows if not row.finished]
 
 
 def _prepare(loaded: LoadedModel, job: Job) -> BatchRow | None:

@@ -3,7 +3,9 @@ attention its decode steps use, and in which dtype its batch caches hold KV.
 
     bf16 on a CPU   stacked projections (linear_fused.py), weights packed once for oneDNN (linear_bf16.py)
     fp32 on a CPU   a decode step's short products on every core (linear_fp32.py)
-    int8 (a CPU)    stacked projections, then int8 weights (linear_int8.py); KV in bf16 where the CPU computes it
+    int8 (a CPU)    stacked projections, then int8 weights (linear_int8.py); the rest of the model (embedding,
+                    norms, attention, KV) in bf16 where the CPU computes it, else fp32
+    int4 (a CPU)    the same with int4 weights (linear_int4.py), the output layer in int8
     any CPU         the decode attention (attention.py) instead of sdpa's
     a GPU           transformers' own layers, untouched
 
@@ -20,18 +22,18 @@ import torch
 
 from agent.llm.engine import internals
 from agent.llm.engine.attention import use_decode_attention
-from agent.llm.engine.kv_cache import KV_DTYPE
 from agent.llm.engine.linear_bf16 import pack_linears
 from agent.llm.engine.linear_fp32 import use_short_input_linears
 from agent.llm.engine.linear_fused import fuse_projections
+from agent.llm.engine.linear_int4 import quantize_int4
 from agent.llm.engine.linear_int8 import quantize_int8
 
 log = logging.getLogger(__name__)
 
 
-def speed_up(model: Any, *, on_gpu: bool, int8: bool, native_bf16: bool) -> Any:
-    """The loaded `model` with the engine's layers in (the same object, but for int8, which replaces layers);
-    `int8`: MODEL_DTYPE=int8 (the model was loaded in fp32); `native_bf16`: this CPU computes bf16 natively.
+def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None) -> Any:
+    """The loaded `model` with the engine's layers in (the same object; quantizing replaces its linear layers);
+    `quantize`: "int8" or "int4" (MODEL_DTYPE, or what auto chose), on a model loaded in bf16 or fp32.
 
     The private names the engine needs are checked once here (internals.py): before anything changes, that they
     are there; then, with a tiny batch, that the engine's batch cache and decode pass give what transformers'
@@ -39,32 +41,47 @@ def speed_up(model: Any, *, on_gpu: bool, int8: bool, native_bf16: bool) -> Any:
     runs on transformers' own attention, forward and cache (with its linear layers as loaded, where the names were
     missing), and one log line says why.
     """
+    quantize = _usable(quantize)
     failure = internals.missing(model)
     if failure is not None:
-        model = quantize_int8(model) if int8 else model
+        _quantize(model, quantize)
         internals.fall_back(model, failure)
         return model
     if not on_gpu and internals.attention_implementation(model) == "sdpa":
         use_decode_attention(model)  # decode steps without sdpa's copies of the cache (attention.py)
-    if not on_gpu and model.dtype == torch.bfloat16:
-        fuse_projections(model)  # one product for query/key/value, one for gate/up (linear_fused.py)
+    if not on_gpu and (model.dtype == torch.bfloat16 or quantize):
+        # one product for query/key/value, one for gate/up (linear_fused.py); stacked before quantizing: one
+        # quantized product, one activation scale
+        fuse_projections(model)
+    if not on_gpu and model.dtype == torch.bfloat16 and not quantize:
         pack_linears(model)  # bf16 weights laid out once, not at every call (linear_bf16.py)
-    if not on_gpu and model.dtype == torch.float32 and not int8:
+    if not on_gpu and model.dtype == torch.float32 and not quantize:
         use_short_input_linears(model)  # a decode step's products on every core (linear_fp32.py)
-    if int8:
-        fuse_projections(model)  # stacked before quantizing: one int8 product, one activation scale (linear_fused.py)
-    failure = internals.cache_mismatch(model)
-    if int8:
-        model = _in_int8(model, native_bf16)
+    failure = internals.cache_mismatch(model)  # on the float model (see `cache_mismatch`)
+    _quantize(model, quantize)
     failure = failure or internals.pass_mismatch(model)
     if failure is not None:
         internals.fall_back(model, failure)
     return model
 
 
-def _in_int8(model: Any, native_bf16: bool) -> Any:
-    model = quantize_int8(model)
-    if native_bf16:  # half the KV's reads and memory, more tokens/s at 8 chats (bench/README.md)
-        setattr(model, KV_DTYPE, torch.bfloat16)
-        log.info("int8 weights; the KV cache in bf16 (this CPU computes it natively)")
-    return model
+def _usable(quantize: str | None) -> str | None:
+    """`quantize`, or None where its kernel fails its self-test here (one log line: the layers stay as loaded)."""
+    if quantize is None:
+        return None
+    failure = internals.int8_fails() if quantize == "int8" else internals.int4_fails()
+    if failure is None:
+        return quantize
+    log.warning("%s weights are off, the linear layers stay as loaded: the %s kernel fails its check: %s",
+                quantize, quantize, failure)
+    return None
+
+
+def _quantize(model: Any, quantize: str | None) -> None:
+    output_int8 = bool(quantize) and internals.output_int8_fails() is None
+    if quantize == "int4":
+        quantize_int4(model, output_in_int8=output_int8)
+    elif quantize == "int8":
+        quantize_int8(model, output_weight_only=output_int8)
+    if quantize and model.dtype == torch.bfloat16:
+        log.info("%s weights; embedding, norms, attention and KV cache in bf16", quantize)
