@@ -42,6 +42,7 @@ from tools.registry import Tool, ToolRegistry, tools_for_turn
 from tools.settings import ToolSettings
 
 log = logging.getLogger(__name__)
+STREAM_CHECK_GROWTH = 16  # a streamed answer is checked for garbage again once it grew by 1/16 of itself
 
 __all__ = ["Agent", "AgentLimits", "Session", "TurnResult"]
 
@@ -90,6 +91,7 @@ class TurnState:
     completion_tokens: int = 0
     format_problems: int = 0
     answer_shown: str = ""  # the answer text the caller was last shown (streaming)
+    answer_checked: int = 0  # the length of the streamed answer text last checked for garbage
     review: AnswerReview | None = None  # the safety nets every final answer passes
     tool_calls: int = 0
     tool_budget: int | None = None  # tool calls before the answer is asked for (None: only the step limit)
@@ -103,8 +105,15 @@ class TurnState:
         except Exception:
             log.warning("the turn's event sink failed on %s", type(event).__name__, exc_info=True)
 
-    def show_answer(self, text: str) -> None:
-        """Stream the answer so far, when it changed: garbage cut as it appears (agent/garbage.py)."""
+    def show_answer(self, text: str, *, streaming: bool = False) -> None:
+        """Stream the answer so far, when it changed: garbage cut as it appears (agent/garbage.py).
+
+        While `streaming`, the text is checked again only once it grew by a sixteenth (the check reads the whole
+        text: at every token, a 10,000-character answer cost the event loop minutes). The finished answer is
+        judged whole by the review, so a skipped check never lets garbage through, it only shows it later."""
+        if streaming and len(text) - self.answer_checked < max(1, self.answer_checked // STREAM_CHECK_GROWTH):
+            return
+        self.answer_checked = len(text)
         text = streamable(clean_text(text))  # whole so far: a split surrogate pair is joined again here
         if text != self.answer_shown:
             self.answer_shown = text
@@ -385,7 +394,7 @@ def _answer_stream(conversation: Conversation, state: TurnState) -> TextSink | N
         pieces.append(piece)
         answer = conversation.answer_so_far("".join(pieces))
         if answer is not None:
-            state.show_answer(answer)
+            state.show_answer(answer, streaming=True)
     return take
 
 
