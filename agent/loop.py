@@ -20,7 +20,7 @@ from agent.errors import LLMCancelled, LLMError, LLMTimeout, TurnNotSaved
 from agent.events import AnswerText, EventSink, ModelCall, ToolFinished, ToolStarted, TurnEvent
 from agent.grammar import GrammarLimits
 from agent.images import Picture
-from agent.llm.base import LLM, CancelToken, Completion, TextSink
+from agent.llm.base import LLM, MAX_NEW_TOKENS, CancelToken, Completion, TextSink
 from agent.history import history_messages
 from agent.memory import HistoryView, Memory, Session, TurnRecord, utc_now
 from agent.apologies import apology, language_of
@@ -44,7 +44,7 @@ class AgentLimits:
     """The agent's limits. These defaults are the only ones: `Settings` takes its defaults from here."""
 
     max_steps: int = 6
-    max_new_tokens: int = 512
+    max_new_tokens: int = MAX_NEW_TOKENS
     history_token_budget: int = 2000
     observation_max_chars: int = 2000
     turn_timeout_seconds: float = 180.0
