@@ -28,7 +28,7 @@ from agent.grammar import GrammarLimits
 from agent.grounding import Grounds
 from agent.images import Picture
 from agent.history import history_messages
-from agent.llm.base import LLM, CancelToken, Completion, Message, TextSink
+from agent.llm.base import LLM, MAX_NEW_TOKENS, CancelToken, Completion, Message, TextSink
 from agent.memory import HistoryView, Memory, Session, TurnRecord, utc_now
 from agent.apologies import apology, language_of
 from agent.options import ChatOptions
@@ -52,7 +52,7 @@ class AgentLimits:
     """The agent's limits. These defaults are the only ones: `Settings` takes its defaults from here."""
 
     max_steps: int = 6
-    max_new_tokens: int = 512
+    max_new_tokens: int = MAX_NEW_TOKENS
     history_token_budget: int = 2000
     observation_max_chars: int = 2000
     turn_timeout_seconds: float = 180.0

@@ -240,11 +240,13 @@ class RoundResult:
 
 async def start_load_bot(server: FakeTelegramServer, folder: Path, crowd: Population, model_delay: float,
                          **overrides: Any) -> RunningBot:
-    """The real bot against `server`, every chat of `crowd` allowed, Telegram's rate limits lifted."""
+    """The real bot against `server`, every chat of `crowd` allowed, Telegram's rate limits lifted, history summaries
+    off: every model call is a question's, as the rounds script and count them (bench_summaries.py measures what
+    summaries cost beside the chats)."""
     llm = ScriptedLLM(delay=model_delay)
     return await running_bot(server, folder, llm=llm, allowed_user_ids=crowd.private_user_ids,
                              allowed_chat_ids=crowd.group_ids, telegram_messages_per_second=0,
-                             telegram_group_messages_per_minute=0, **overrides)
+                             telegram_group_messages_per_minute=0, **{"summary_enabled": False, **overrides})
 
 
 async def run_round(bot: RunningBot, crowd: Population, round_no: int, messages: int, *,

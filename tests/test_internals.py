@@ -21,9 +21,12 @@ from tests.real_model import real_model_test, started_local_llm, worker_log_watc
 
 REPO = Path(__file__).resolve().parents[1]
 # The private names the engine uses, spelled in pieces so that this file is not among the places they are found.
-NAMES = ["_attn" "_implementation", "_hf" "_hook", "_forward" "_hooks", "_packed" "_params", "ddp_cache" "_data",
-         "lazy" "_initialization", "mkldnn" "._"]
-PRIVATE = "|".join(re.escape(name) for name in NAMES)
+NAMES = ["_attn" "_implementation", "_hf" "_hook", "_forward" "_hooks", "ddp_cache" "_data", "lazy" "_initialization",
+         "mkldnn" "._"]
+# Named by issue 36 and no longer used at all: int8 weights go through torch.ops.quantized's prepack (issue 37),
+# not a quantized module's packed parameters. It must stay out of the code outside the guard module all the same.
+GONE = ["_packed" "_params"]
+PRIVATE = "|".join(re.escape(name) for name in NAMES + GONE)
 FALLBACK_LINE = "the engine's fast path is off, running on transformers' own forward and cache"
 CALLS = [dict(messages=[{"role": "user", "content": "What is the capital of France?"}], max_new_tokens=16),
          dict(messages=[{"role": "user", "content": "Write a haiku about the sea."}], max_new_tokens=24)]

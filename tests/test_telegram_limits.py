@@ -94,7 +94,8 @@ async def test_command_menus_are_registered(start_bot, telegram_server):
     menus = {(call.params.get("language_code"), str(call.params.get("scope"))): call.params["commands"]
              for call in calls}
     default = menus[(None, "None")]
-    assert {c["command"] for c in default} == {"ask", "help", "start", "reset", "cancel", "trace", "tools", "docs"}
+    assert {c["command"] for c in default} == {"ask", "help", "start", "reset", "cancel", "trace", "tools", "docs",
+                                                "memory", "quota", "export"}
     admin_menus = [commands for (lang, scope), commands in menus.items() if "chat_id" in scope]
     assert len(admin_menus) == 1 and {"stats", "allow", "course_set", "doc_del"} <= {c["command"] for c in admin_menus[0]}
     assert len({c["command"] for c in admin_menus[0]}) == len(admin_menus[0])  # Telegram refuses a repeated command

@@ -28,6 +28,8 @@ TextSink = Callable[[str], None]
 
 # The values of MODEL_DTYPE: `auto` lets the backend choose for the hardware it runs on.
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")
+# Tokens one model call may generate unless told otherwise (MAX_NEW_TOKENS: AgentLimits reads it here).
+MAX_NEW_TOKENS = 512
 
 
 class Priority(StrEnum):
@@ -56,7 +58,7 @@ class ModelRequest:
     stop: Sequence[str] = ()
     tools: Sequence[dict[str, Any]] | None = None
     grammar: "Grammar | None" = None
-    max_new_tokens: int = 512
+    max_new_tokens: int = MAX_NEW_TOKENS
     cancel: "CancelToken | None" = None
     on_text: TextSink | None = None
     user_key: str = ""

@@ -15,7 +15,7 @@ from typing import Any
 
 from agent.errors import LLMError
 from agent.llm.base import LLM, Completion, ModelActivity, ModelRequest
-from agent.llm.engine.admission import FairAdmission
+from agent.llm.engine.admission import BatchLimits, FairAdmission
 from agent.llm.engine.jobs import Job
 from agent.llm.engine.loading import check_dtype_setting, load_model, resolve_model
 from agent.llm.engine.model_thread import ModelThread
@@ -27,11 +27,11 @@ class LocalLLM(LLM):
 
     name = "local"
 
-    def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto", batch_size: int = 8,
-                 batch_wait_ms: int = 20, min_new_tokens: int = 0, converted_dir: Path | None = None,
+    def __init__(self, model: str, *, device_map: str = "auto", dtype: str = "auto",
+                 batch_size: int = BatchLimits.batch_size, batch_wait_ms: int = BatchLimits.batch_wait_ms, min_new_tokens: int = 0, converted_dir: Path | None = None,
                  prefix_cache_mb: int | None = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
                  native_tools: bool = False, speculative: SpeculativeLimits = SpeculativeLimits(),
-                 low_priority_rows: int = 1):
+                 low_priority_rows: int = BatchLimits.low_priority_rows):
         self.model_setting = model
         self.speculative = speculative
         self.converted_dir = converted_dir

@@ -48,7 +48,7 @@ from agent.grammar import Grammar
 from agent.images import text_of
 from agent.llm.base import (LLM, CancelToken, Completion, Message, ModelRequest, Priority, TextSink, ToolCall,
                             trim_at_stop)
-from agent.llm.openai_stream import StreamedReply, StreamLimits
+from agent.llm.openai_stream import ServerLimits, StreamedReply, StreamLimits
 from agent.tokens import TokenCounter, estimate_tokens
 from agent.unicode import clean_json, clean_text
 
@@ -87,12 +87,12 @@ class OpenAILLM(LLM):
         model: str,
         api_key: str = "EMPTY",
         limits: StreamLimits = StreamLimits(),
-        startup_seconds: float = 60.0,
-        server_wait_seconds: float = 0.0,
-        max_retries: int = 3,
+        startup_seconds: float = ServerLimits.startup_seconds,
+        server_wait_seconds: float = ServerLimits.server_wait_seconds,
+        max_retries: int = ServerLimits.max_retries,
         count_tokens: TokenCounter = estimate_tokens,
         grammar: str = "off",
-        low_priority_concurrency: int = 1,
+        low_priority_concurrency: int = ServerLimits.low_priority_concurrency,
         vision: str = "auto",
     ) -> None:
         if grammar != "off" and grammar not in GRAMMAR_FIELDS:

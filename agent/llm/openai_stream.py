@@ -28,6 +28,18 @@ class StreamLimits:
     silence_seconds: float = 30.0
 
 
+@dataclass(frozen=True)
+class ServerLimits:
+    """How the openai backend waits for its server and retries it (agent/llm/openai.py's docstring says how); the
+    one place of these defaults (OPENAI_STARTUP_SECONDS, OPENAI_SERVER_WAIT_SECONDS, OPENAI_MAX_RETRIES and
+    OPENAI_LOW_PRIORITY_CONCURRENCY read them here)."""
+
+    startup_seconds: float = 60.0
+    server_wait_seconds: float = 0.0
+    max_retries: int = 3
+    low_priority_concurrency: int = 1
+
+
 @dataclass
 class _ToolCallParts:
     id: str = ""

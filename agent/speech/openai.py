@@ -18,7 +18,7 @@ import openai
 from openai import AsyncOpenAI
 
 from agent.errors import SpeechTimeout, SpeechUnavailable
-from agent.llm.openai_stream import StreamLimits
+from agent.llm.openai_stream import ServerLimits, StreamLimits
 from agent.speech.audio import decode_audio
 from agent.speech.base import SpeechLimits, Transcriber, Transcript
 
@@ -32,7 +32,7 @@ class OpenAITranscriber(Transcriber):
 
     def __init__(self, *, base_url: str, model: str, api_key: str = "EMPTY", language: str = "",
                  limits: SpeechLimits = SpeechLimits(), time_limits: StreamLimits = StreamLimits(),
-                 max_retries: int = 3):
+                 max_retries: int = ServerLimits.max_retries):
         self.base_url = base_url
         self.model = model
         self.language = language

@@ -28,8 +28,9 @@ from dotenv import load_dotenv
 
 from agent.grammar import GrammarLimits
 from agent.llm.base import MODEL_DTYPES
+from agent.llm.engine.admission import BatchLimits
 from agent.llm.engine.speculative import SpeculativeLimits
-from agent.llm.openai_stream import StreamLimits
+from agent.llm.openai_stream import ServerLimits, StreamLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
 from agent.speech.base import SpeechLimits
@@ -174,12 +175,12 @@ class ModelSettings:
 class EngineSettings:
     """The local engine: batches, the prefix store, speculative tokens (the local backend only)."""
 
-    batch_size: int = 8
-    batch_wait_ms: int = 20
+    batch_size: int = BatchLimits.batch_size
+    batch_wait_ms: int = BatchLimits.batch_wait_ms
     prefix_cache_mb: str = "auto"  # auto: the KV of PREFIX_CACHE_TOKENS tokens of the model (engine/memory.py)
     speculative_tokens: int = SpeculativeLimits.per_row
     speculative_step_tokens: int = SpeculativeLimits.per_step
-    low_priority_rows: int = 1
+    low_priority_rows: int = BatchLimits.low_priority_rows
 
     def validate(self) -> None:
         """Refuse an empty batch, negative sizes, a prefix store size that is neither auto nor MiB."""
@@ -211,11 +212,11 @@ class OpenAISettings:
     openai_connect_timeout_seconds: float = StreamLimits.connect_seconds
     openai_first_token_seconds: float = StreamLimits.first_token_seconds
     openai_silence_seconds: float = StreamLimits.silence_seconds
-    openai_startup_seconds: float = 60.0
-    openai_server_wait_seconds: float = 0.0
-    openai_max_retries: int = 3
+    openai_startup_seconds: float = ServerLimits.startup_seconds
+    openai_server_wait_seconds: float = ServerLimits.server_wait_seconds
+    openai_max_retries: int = ServerLimits.max_retries
     openai_grammar: str = "off"
-    openai_low_priority_concurrency: int = 1
+    openai_low_priority_concurrency: int = ServerLimits.low_priority_concurrency
     openai_vision: str = "auto"
 
     def validate(self) -> None:

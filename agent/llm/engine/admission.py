@@ -54,6 +54,16 @@ class Admission(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class BatchLimits:
+    """How the engine batches: rows at once, how long a batch waits for company, background rows at once. The one
+    place of these defaults (BATCH_SIZE, BATCH_WAIT_MS and LOW_PRIORITY_ROWS read them here)."""
+
+    batch_size: int = 8
+    batch_wait_ms: int = 20
+    low_priority_rows: int = 1
+
+
 @dataclass
 class FairAdmission:
     """Round-robin across user keys, up to `batch_size` rows; background (LOW) jobs only while no person's job
@@ -64,7 +74,7 @@ class FairAdmission:
 
     batch_size: int
     batch_wait: float = 0.0  # seconds a batch may wait, from its first job's arrival, for more jobs
-    low_rows: int = 1  # background rows a batch may hold at once (LOW_PRIORITY_ROWS)
+    low_rows: int = BatchLimits.low_priority_rows  # background rows a batch may hold at once
     _served: dict[str, int] = field(default_factory=dict)  # user key → when it was last admitted (a counter)
     _tick: int = 0
 

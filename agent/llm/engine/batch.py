@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from agent.llm.base import Message
+from agent.llm.base import MAX_NEW_TOKENS, Message
 from agent.llm.engine.attention import reads_shared_prefix
 from agent.llm.engine.decode_loop import Decoding, cache_argument, decode
 from agent.llm.engine.grammar_masks import GrammarEngine, RowGrammar
@@ -73,7 +73,7 @@ class BatchRow:
 
     prompt_ids: list[int]
     stop: Sequence[str] = ()
-    max_new_tokens: int = 512
+    max_new_tokens: int = MAX_NEW_TOKENS
     is_cancelled: Callable[[], bool] = lambda: False
     owner: Any = None  # whoever asked (the model thread keeps the caller's job here)
     stream: TextStream | None = None  # where the row's new text goes as it is generated, if its caller listens
