@@ -90,7 +90,9 @@ async def test_probe_secret_through_a_tool_is_redacted_from_the_observation_answ
 async def test_probe_secret_through_a_tool_the_store_and_the_chat_redact_even_what_the_model_invents(
         start_bot, telegram_server, echo_desk):
     # A model that knows the secret some other way (a user pasted it earlier) writes it into its answer itself.
-    bot = await start_bot([final(f"Your token is {BEARER}, and the bot's is {telegram_server.token}.")], **PRIVATE)
+    # Not held to grounded numbers (the tokens' digits come from no observation): the probe is the redaction.
+    bot = await start_bot([final(f"Your token is {BEARER}, and the bot's is {telegram_server.token}.")], **PRIVATE,
+                          grounded_answers=False)
     await bot.ask(CHAT, ADMIN, f'/mcp_add desk {echo_desk.url} "Authorization=Bearer {BEARER}"')
     answer = await bot.ask(CHAT, ADMIN, "What are the tokens?")
     assert answer == "Your token is [REDACTED], and the bot's is [REDACTED]."
@@ -366,7 +368,8 @@ def test_probe_qwenbot_eval_on_a_10mb_line_prints_a_short_line_not_the_question(
     questions = tmp_path / "big.jsonl"
     questions.write_text(json.dumps({"q": "大模型技术实战多少节？" + "q" * 10_000_000, "expect": ["200"]}) + "\n",
                          encoding="utf-8")
-    done = qwenbot_eval(tmp_path, questions, replies=[final("一共200节。")])
+    looked_up = act("course_query", course_name="大模型技术实战")  # a named course is looked up first
+    done = qwenbot_eval(tmp_path, questions, replies=[looked_up, final("一共200节。")])
     assert done.returncode == 0, done.stderr[-2000:]
     assert "score: 1/1 (100%)" in done.stdout
     assert f"✓ 大模型技术实战多少节？{'q' * 89}… → 一共200节。" in done.stdout
