@@ -30,7 +30,8 @@ from bot.telegram.i18n import text as bot_text
 from agent.llm.base import Completion
 from agent.llm.scripted import Reply, ScriptedLLM
 from agent.untrusted import defuse
-from tests.fakes.telegram_bot import ADMIN, ALICE, BOB, CAROL, TEAM, RunningBot, final, private_chat, running_bot
+from tests.fakes.telegram_bot import (ADMIN, ALICE, BOB, CAROL, TEAM, RunningBot, final, lookup, private_chat,
+                                      running_bot)
 from bot.telegram.i18n import text as bot_text
 from tests.fakes.telegram_server import Chat, FakeTelegramServer, User
 
@@ -204,11 +205,6 @@ async def shared(tmp_path_factory: pytest.TempPathFactory):
 def action(tool: str, raw_input: str, thought: str = "I should use a tool.") -> str:
     """A ReAct reply calling `tool` with `raw_input`, ending at the stop word as a real model does."""
     return f"Thought: {thought}\nAction: {tool}\nAction Input: {raw_input}\nObservation:"
-
-
-def lookup(name: str) -> str:
-    """A course_query call for `name`."""
-    return action("course_query", json.dumps({"course_name": name}, ensure_ascii=False))
 
 
 def nested(depth: int) -> str:

@@ -21,7 +21,7 @@ from telegram import Bot
 from agent.llm.openai import OpenAILLM
 from bot.telegram.replies import send_text
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, text
-from tests.fakes.telegram_bot import ALICE, final, private_chat, running_bot, start_bot, telegram_server
+from tests.fakes.telegram_bot import ALICE, final, lookup, private_chat, running_bot, start_bot, telegram_server
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
 
@@ -45,7 +45,7 @@ def errors_logged(caplog) -> list[str]:
 
 async def test_the_journal_stores_an_update_as_readable_utf8_json_not_escaped_twice(start_bot, telegram_server):
     question = ('请帮我查一下："大模型技术实战" \\ 的课时？' * 60).strip()  # 1,380 characters, quotes and backslashes
-    bot = await start_bot([final("200")], delay=1.0)
+    bot = await start_bot([lookup("大模型技术实战"), final("200")], delay=1.0)
     telegram_server.send_text(CHAT, ALICE, question)
     # Read while the turn runs: a handled update leaves only its husk (bot/telegram/journal_payloads.py).
     payload = await telegram_server.wait_for(lambda: _journaled(bot), 5, "the update in the journal")

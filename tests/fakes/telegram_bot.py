@@ -13,6 +13,7 @@ model is a `ScriptedLLM` whose requests show what the model saw.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,13 @@ QWEN_FINAL = " 我现在知道最终答案了。\nFinal Answer: 大模型技术�
 def final(answer: str) -> str:
     """A model reply that answers at once."""
     return f"Thought: I now know the final answer\nFinal Answer: {answer}"
+
+
+def lookup(course_name: str) -> str:
+    """A model reply that looks `course_name` up: a question naming a known course gets that first
+    (REQUIRE_TOOL_CALL, on by default)."""
+    arguments = json.dumps({"course_name": course_name}, ensure_ascii=False)
+    return f"Thought: I should look the course up.\nAction: course_query\nAction Input: {arguments}\nObservation:"
 
 
 def bot_settings(server: FakeTelegramServer, tmp_path: Path, **overrides: Any) -> Settings:
