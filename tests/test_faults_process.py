@@ -71,7 +71,9 @@ class BotProcess:
                "LLM_BACKEND": "scripted", "SCRIPTED_REPLIES_PATH": str(replies),
                "SCRIPTED_DELAY_SECONDS": str(MODEL_SECONDS), "DATABASE_PATH": str(folder / "bot.sqlite3"),
                "ALLOWED_USER_IDS": ",".join(str(user.id) for user in USERS), "SHUTDOWN_GRACE_SECONDS": "5",
-               "TOKENIZER_VOCAB_PATH": str(folder / "absent.tiktoken"), "PYTHONPATH": str(ROOT), **(settings or {})}
+               "TOKENIZER_VOCAB_PATH": str(folder / "absent.tiktoken"), "PYTHONPATH": str(ROOT),
+               # The scripted replies are numbered labels ("first run #3"), not answers grounded in a lookup.
+               "GROUNDED_ANSWERS": "false", **(settings or {})}
         self.log = folder / f"{answer_prefix}.log"
         with open(self.log, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "bot.program.cli", "run"], cwd=folder, env=env,
