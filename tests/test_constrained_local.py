@@ -77,7 +77,8 @@ async def test_a_constrained_step_parses_and_validates_beside_an_untouched_uncon
     assert named == ("course_query", "course_list")
     conversation = ReactConversation([], QUESTION, tools, TurnRules(GrammarLimits(thought_max_tokens=16), named))
     request = conversation.request()
-    constrained = dict(messages=request.messages, stop=request.stop, max_new_tokens=64, grammar=request.grammar)
+    # 96 tokens: a 16-token Thought, then up to ~60 of Action, the course and the fields it may ask for.
+    constrained = dict(messages=request.messages, stop=request.stop, max_new_tokens=96, grammar=request.grammar)
     free = dict(messages=FRANCE, max_new_tokens=10)
     free_alone = await llm.complete(ModelRequest(**free))
 

@@ -40,7 +40,8 @@ FIELD_WORDS = {
     "updates_per_week": ("每周", "一周", "两周", "几次", "week", "times", "how often"),
     "hours_per_update": ("小时", "时长", "hour", "how long"),
 }
-FIELDS_PARAMETER = {"type": "array", "items": {"enum": list(FIELDS)}, "minItems": 1,
+# At most one of each field's worth of items: a small model repeating "lessons" cannot fill its step with them.
+FIELDS_PARAMETER = {"type": "array", "items": {"enum": list(FIELDS)}, "minItems": 1, "maxItems": len(FIELDS),
                     "description": "可选：只返回这些字段（lessons 课时, updates_per_week 每周更新次数, "
                                    "hours_per_update 每次更新小时）；不填则返回全部"}
 # Words naming what the course tools are about (the first-step policy); the course names are added per turn.
