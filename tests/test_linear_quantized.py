@@ -179,7 +179,8 @@ async def test_int4_decodes_a_constrained_step_with_speculative_tokens_taken(int
     conversation = ReactConversation([], QUESTION, turn_tools, TurnRules(GrammarLimits(thought_max_tokens=16), named))
     request = conversation.request()
     with worker_log_watched(note):
-        step = await int4_llm.complete(ModelRequest(request.messages, stop=request.stop, max_new_tokens=64,
+        # 96 tokens: a 16-token Thought, then up to ~60 of Action, the course and the fields it may ask for.
+        step = await int4_llm.complete(ModelRequest(request.messages, stop=request.stop, max_new_tokens=96,
                                                     grammar=request.grammar))
         # the reply resolves as its row ends, the decode loop logs its count after: one more call on the (serial)
         # model thread waits for that line

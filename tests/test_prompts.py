@@ -18,7 +18,7 @@ EXPECTED_COURSE_PROMPT = (
     '"schema": {"type": "string", "minLength": 1, "maxLength": 200}}, '
     '{"name": "fields", "description": "可选：只返回这些字段（lessons 课时, updates_per_week 每周更新次数, '
     'hours_per_update 每次更新小时）；不填则返回全部", "required": false, "schema": {"type": "array", "items": '
-    '{"enum": ["lessons", "updates_per_week", "hours_per_update"]}, "minItems": 1}}]'
+    '{"enum": ["lessons", "updates_per_week", "hours_per_update"]}, "minItems": 1, "maxItems": 3}}]'
     ' Format the arguments as a JSON object.\n'
     "\n"
     "Use the following format:\n"

@@ -254,8 +254,8 @@ class AgentSettings:
     tool_string_max_chars: int = GrammarLimits.string_max_chars
     answer_max_tokens: int = GrammarLimits.answer_max_tokens
     require_tool_call: bool = AgentLimits.require_tool_call
-    grounded_answers: bool = AgentLimits.grounded_answers
     extra_tool_calls: int = AgentLimits.extra_tool_calls
+    grounded_answers: bool = AgentLimits.grounded_answers
     history_token_budget: int = AgentLimits.history_token_budget
     observation_max_chars: int = AgentLimits.observation_max_chars
     turn_timeout_seconds: float = AgentLimits.turn_timeout_seconds
