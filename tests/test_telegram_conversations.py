@@ -6,6 +6,8 @@ scripted model's `background` reply, never from the turns' own script.
 
 from __future__ import annotations
 
+import random
+import string
 from datetime import timedelta
 
 import httpx
@@ -15,8 +17,8 @@ from agent.llm.base import Priority
 from agent.llm.scripted import Request
 from agent.prompts import REACT_STOPS
 from bot.telegram.quotas import utc_clock
-from tests.fakes.telegram_bot import (ADMIN, ALICE, ARTICLE_QUESTION, QWEN_FINAL, QWEN_LOOKUP, final, private_chat,
-                                      start_bot, telegram_server)
+from tests.fakes.telegram_bot import (ADMIN, ALICE, ARTICLE_QUESTION, QWEN_FINAL, QWEN_LOOKUP, final, lookup,
+                                      private_chat, start_bot, telegram_server)
 from tests.fakes.telegram_server import User
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
@@ -39,7 +41,9 @@ def summary_message(request: Request) -> str | None:
 
 async def test_a_long_chats_summary_is_in_the_next_prompt_and_in_memory_and_reset_forgets_it(start_bot,
                                                                                               telegram_server):
-    bot = await start_bot([final(f"第{i}个回答。") for i in range(7)], history_token_budget=100,
+    # Each question names a course: its model looks it up first (REQUIRE_TOOL_CALL, on by default).
+    answers = [reply for i in range(6) for reply in (lookup("大模型技术实战"), final(f"第{i}个回答。"))]
+    bot = await start_bot([*answers, final("还有机器学习实战。")], history_token_budget=100,
                           summary_keep_tokens=40)
     bot.llm.background = summarise
     chat = private_chat(ALICE)
@@ -147,7 +151,7 @@ async def test_the_default_persona_applies_where_a_chat_has_none_and_a_long_one_
 # --- quotas ----------------------------------------------------------------------------------------------------
 
 async def test_a_quota_refusal_says_when_once_and_the_next_day_resets_it(start_bot, telegram_server):
-    bot = await start_bot([final(f"answer {i}") for i in range(6)], user_daily_turns=2)
+    bot = await start_bot([final(f"answer {letter}") for letter in "abcdef"], user_daily_turns=2)
     quotas = bot.application.bot_data["quotas"]
     today = utc_clock()
     quotas.clock = lambda: today
@@ -167,7 +171,7 @@ async def test_a_quota_refusal_says_when_once_and_the_next_day_resets_it(start_b
     assert "no limit applies to you" in await bot.ask(private_chat(ADMIN), ADMIN, "/quota")
 
     quotas.clock = lambda: today + timedelta(days=1)  # the next day, without sleeping
-    assert await bot.ask(chat, ALICE, "five") == "answer 4"
+    assert await bot.ask(chat, ALICE, "five") == "answer e"
     assert [row[0] for row in await bot.query("SELECT question FROM turns ORDER BY id")] == [
         "one", "two", "admins are exempt", "twice", "five"]
 
@@ -214,7 +218,10 @@ async def test_export_sends_the_history_as_a_markdown_document(start_bot, telegr
 
 
 async def test_an_admins_export_has_the_steps_and_a_long_history_is_cut_with_a_note(start_bot, telegram_server):
-    replies = [QWEN_LOOKUP, QWEN_FINAL] + [final(f"Answer number {i}. " + "x" * 300) for i in range(6)]
+    # 300 characters of letters that neither loop nor repeat (the answer's garbage cut would shorten "x" * 300).
+    letters = random.Random(0).choices(string.ascii_lowercase + " ", k=6 * 300)
+    filler = ["".join(letters[i * 300:(i + 1) * 300]) for i in range(6)]
+    replies = [QWEN_LOOKUP, QWEN_FINAL] + [final(f"Answer number {i}. {filler[i]}") for i in range(6)]
     bot = await start_bot(replies, export_max_bytes=2000)
     chat = private_chat(ADMIN)
     await bot.ask(chat, ADMIN, ARTICLE_QUESTION)
