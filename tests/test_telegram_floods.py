@@ -167,7 +167,7 @@ async def test_questions_past_the_pending_cap_are_dropped_with_one_notice_and_th
     assert [t for t in sent if t.startswith("answer")] == ["answer 0", "answer 1", "answer 2"]
     assert await bot.query("SELECT question FROM turns ORDER BY id") == [(f"question {n}",) for n in range(3)]
 
-    assert await bot.ask(ALICE_CHAT, ALICE, "once they are answered") == "answer 3"  # the cap is per wait
+    assert await bot.ask(ALICE_CHAT, ALICE, "question 3, once they are answered") == "answer 3"  # the cap is per wait
 
 
 async def test_a_question_over_the_length_cap_gets_a_clear_reply_and_never_reaches_the_model(start_bot,

@@ -78,7 +78,7 @@ async def test_private_and_group_histories_never_mix(start_bot, telegram_server)
 
 async def test_forum_topics_have_their_own_history_and_answers_go_to_the_topic(start_bot, telegram_server):
     forum = group_chat(TEAM.id, "Team", forum=True)
-    bot = await start_bot([final("topic 7"), final("topic 9")])
+    bot = await start_bot([final("noted in this topic"), final("nothing here")])
     await bot.ask(forum, ALICE, "/ask remember KIWI", thread_id=7)
     await bot.ask(forum, ALICE, "/ask anything to remember?", thread_id=9)
 
