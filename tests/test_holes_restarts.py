@@ -108,9 +108,7 @@ async def test_probe_2_a_streamed_group_answer_whose_edits_are_all_refused_ends_
         start_bot, telegram_server):
     telegram_server.fail("editMessageText", status=400, description="Bad Request: message can't be edited",
                          times=-1)
-    # A scripted text, not a grounded answer: the probe is about Telegram's edits, not the answer's numbers.
-    bot = await start_bot([final(LONG_ANSWER)], token_seconds=0.0005, group_stream_interval_seconds=0.2,
-                          grounded_answers=False)
+    bot = await start_bot([final(LONG_ANSWER)], token_seconds=0.0005, group_stream_interval_seconds=0.2)
     telegram_server.send_text(TEAM, CAROL, "/ask tell me everything")
     await bot.answers(TEAM.id, 1, timeout=30)
     await bot.turns_done(timeout=60)

@@ -15,8 +15,19 @@ from tests.fakes.telegram_bot import (ADMIN, ALICE, ARTICLE_QUESTION, CAROL, QWE
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
 
 # ~10,000 characters; every sentence numbered, so the answer is long without looping (agent/repetition.py)
-LONG_ANSWER = "\n\n".join(f"第{i}段：" + "".join(f"大模型技术实战课程的第{j}节介绍。" for j in range(1, 13))
-                            for i in range(50))
+DIGITS = "零一二三四五六七八九"
+
+
+def chinese_numeral(n: int) -> str:
+    """0 to 99 in Chinese numerals (十二, 四十九): an answer's numbers in words are not held to observations."""
+    tens, ones = divmod(n, 10)
+    return (DIGITS[tens] if tens > 1 else "") + ("十" if tens else "") + (DIGITS[ones] if ones or not tens else "")
+
+
+# A long answer with no digits (a scripted text, not a lookup's numbers) and no loop: each sentence names its place.
+LONG_ANSWER = "\n\n".join(
+    f"第{chinese_numeral(i)}段：" + "".join(f"大模型技术实战课程的第{chinese_numeral(j)}节介绍。" for j in range(1, 13))
+    for i in range(50))
 
 
 # --- splitting and formatting, as functions -------------------------------------------------------------------
@@ -64,16 +75,16 @@ async def test_a_10000_character_answer_arrives_as_several_messages_in_order(sta
 
 
 async def test_markdown_answers_are_formatted(start_bot, telegram_server):
-    bot = await start_bot([final("The answer is **200** lessons (`course_query`).")])
-    assert await bot.ask(private_chat(ALICE), ALICE, "how many?") == "The answer is 200 lessons (course_query)."
+    bot = await start_bot([QWEN_LOOKUP, final("The answer is **200** lessons (`course_query`).")])
+    assert await bot.ask(private_chat(ALICE), ALICE, ARTICLE_QUESTION) == "The answer is 200 lessons (course_query)."
     assert telegram_server.sent(ALICE.id)[0].params["parse_mode"] == "HTML"
 
 
 async def test_formatting_telegram_rejects_falls_back_to_plain_text(start_bot, telegram_server):
     telegram_server.fail("sendMessage", status=400, description="Bad Request: can't parse entities: nope",
                          when=lambda params: params.get("parse_mode") == "HTML", times=-1)
-    bot = await start_bot([final("The answer is **200** lessons.")])
-    assert await bot.ask(private_chat(ALICE), ALICE, "how many?") == "The answer is **200** lessons."
+    bot = await start_bot([QWEN_LOOKUP, final("The answer is **200** lessons.")])
+    assert await bot.ask(private_chat(ALICE), ALICE, ARTICLE_QUESTION) == "The answer is **200** lessons."
     assert len(telegram_server.calls_to("sendMessage", ok=False)) == 1
 
 
@@ -139,8 +150,9 @@ async def test_a_second_message_waits_for_the_first_and_is_told_so(start_bot, te
 
 
 def echo(request) -> str:
-    """A model that answers "re: <the question>", whatever order the calls come in."""
-    return final("re: " + request.last_content.rsplit("Question:", 1)[-1].strip())
+    """A model that answers "you asked about: <the question>", whatever order the calls come in (not the question
+    alone: that would be the question echoed, which the safety nets turn back)."""
+    return final("you asked about: " + request.last_content.rsplit("Question:", 1)[-1].strip())
 
 
 class PrivateFirstLLM(ScriptedLLM):
@@ -167,8 +179,8 @@ async def test_group_turns_run_in_order_and_other_chats_in_parallel(start_bot, t
     telegram_server.send_text(TEAM, ADMIN, "/ask second")
     group = await bot.answers(TEAM.id, 2, timeout=10)
 
-    assert group == ["re: Carol: first", "re: Ada: second"]  # the group's first turn ran beside the private one
-    assert await bot.answers(ALICE.id, 1) == ["re: in private"]
+    assert group == ["you asked about: Carol: first", "you asked about: Ada: second"]  # the group's first turn ran beside the private one
+    assert await bot.answers(ALICE.id, 1) == ["you asked about: in private"]
     second_group_prompt = [r.text for r in bot.llm.requests if "Ada: second" in r.last_content][0]
     assert "Carol: first" in second_group_prompt  # the group's second turn saw the first in its history
 

@@ -110,7 +110,7 @@ async def test_a_server_without_drafts_is_not_asked_for_them_again(tmp_path):
 
 async def test_a_10000_character_answer_streamed_in_a_group_ends_as_correctly_split_messages(start_bot,
                                                                                               telegram_server):
-    bot = await start_bot([final(LONG_ANSWER)], token_seconds=0.0005, grounded_answers=False,
+    bot = await start_bot([final(LONG_ANSWER)], token_seconds=0.0005,
                           group_stream_interval_seconds=0.2)
     telegram_server.send_text(TEAM, CAROL, "/ask tell me everything")
     await bot.answers(TEAM.id, 1, timeout=30)
@@ -125,7 +125,7 @@ async def test_a_10000_character_answer_streamed_in_a_group_ends_as_correctly_sp
 
 async def test_a_10000_character_answer_streamed_in_private_ends_as_correctly_split_messages(start_bot,
                                                                                              telegram_server):
-    bot = await start_bot([final(LONG_ANSWER)], token_seconds=0.0005, grounded_answers=False, stream_interval_seconds=0.2)
+    bot = await start_bot([final(LONG_ANSWER)], token_seconds=0.0005, stream_interval_seconds=0.2)
     telegram_server.send_text(private_chat(ALICE), ALICE, "tell me everything")
     await telegram_server.wait_for(lambda: telegram_server.draft_texts(ALICE.id), 30)
     await bot.turns_done(timeout=60)
