@@ -9,12 +9,15 @@ import pytest
 
 from bot.telegram.i18n import text
 from tests.fakes.openai_server import HANG, FakeOpenAIServer, error
-from tests.fakes.telegram_bot import ADMIN, ALICE, BOB, CAROL, TEAM, final, private_chat, start_bot, telegram_server
+from tests.fakes.telegram_bot import (ADMIN, ALICE, BOB, CAROL, TEAM, final, lookup, private_chat, start_bot,
+                                      telegram_server)
 from tests.real_speech import QUESTION_EN, real_asr_test, recording, whisper_folder
 
 __all__ = ["start_bot", "telegram_server"]  # fixtures used by name
 
 ANSWER = "The machine learning course has 230 lessons."
+# A strong model's turn: the lookup that grounds the answer's 230, then the answer.
+LOOKED_UP = (lookup("机器学习实战"), final(ANSWER))
 
 
 @pytest.fixture
@@ -39,7 +42,7 @@ async def nothing_stored(bot) -> bool:
 
 @real_asr_test
 async def test_a_voice_question_is_fetched_transcribed_shown_first_and_answered(start_bot, telegram_server):
-    bot = await start_bot([final(ANSWER)], delay=1.0, asr_backend="local", asr_model=str(whisper_folder()))
+    bot = await start_bot([*LOOKED_UP], delay=1.0, asr_backend="local", asr_model=str(whisper_folder()))
     chat = private_chat(ALICE)
     voice_id = telegram_server.send_voice(chat, ALICE, recording("question_en.ogg"), duration=3)
 
@@ -63,7 +66,7 @@ async def test_a_voice_question_is_fetched_transcribed_shown_first_and_answered(
 async def test_in_a_group_the_transcript_is_a_reply_to_the_recording_then_the_answer(start_bot, telegram_server,
                                                                                      speech_server):
     speech_server.add_transcription(QUESTION_EN)
-    bot = await start_bot([final("Hello, team."), final(ANSWER)], **on_server(speech_server))
+    bot = await start_bot([final("Hello, team."), *LOOKED_UP], **on_server(speech_server))
     await bot.ask(TEAM, CAROL, "@qwen_test_bot hello")
     bots_message = telegram_server.sent(TEAM.id)[0].result["message_id"]
     voice_id = telegram_server.send_voice(TEAM, CAROL, recording("question_en.ogg"), duration=3, reply_to=bots_message)
@@ -80,7 +83,7 @@ async def test_group_voice_notes_not_meant_for_the_bot_are_never_fetched(start_b
     telegram_server.send_voice(TEAM, CAROL, recording("question_en.ogg"), duration=3)
     telegram_server.send_voice(TEAM, CAROL, recording("question_en.ogg"), duration=3, caption="@qwen_test_bot")
     speech_server.add_transcription(QUESTION_EN)
-    bot.llm.add(final(ANSWER))
+    bot.llm.add(*LOOKED_UP)
     texts = await bot.answers(TEAM.id, 2)
     assert texts == [f"🎤 {QUESTION_EN}", ANSWER]  # only the one whose caption mentions the bot
     assert telegram_server.files_fetched == ["voice/file_2.oga"]
@@ -89,14 +92,14 @@ async def test_group_voice_notes_not_meant_for_the_bot_are_never_fetched(start_b
 @pytest.mark.parametrize("kind", ["audio", "video_note"])
 async def test_audio_files_and_video_notes_are_questions_too(start_bot, telegram_server, speech_server, kind):
     speech_server.add_transcription(QUESTION_EN)
-    bot = await start_bot([final(ANSWER)], **on_server(speech_server))
+    bot = await start_bot([*LOOKED_UP], **on_server(speech_server))
     telegram_server.send_voice(private_chat(ADMIN), ADMIN, recording("question_en.ogg"), duration=3, kind=kind)
     assert await bot.answers(ADMIN.id, 1) == [f"🎤 {QUESTION_EN}\n\n{ANSWER}"]
 
 
 async def test_a_caption_goes_with_the_transcript(start_bot, telegram_server, speech_server):
     speech_server.add_transcription(QUESTION_EN)
-    bot = await start_bot([final(ANSWER)], **on_server(speech_server))
+    bot = await start_bot([*LOOKED_UP], **on_server(speech_server))
     telegram_server.send_voice(private_chat(ADMIN), ADMIN, recording("question_en.ogg"), duration=3,
                                caption="Answer in one line.")
     await bot.answers(ADMIN.id, 1)
