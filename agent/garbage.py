@@ -22,9 +22,10 @@ from agent.numbers import fold
 from agent.prompts import model_notes
 from agent.repetition import collapse_loops
 
-# Copies of a number pattern ("#. ") in a row that make a counting loop; six, so that a list of five numbers
-# ("200, 230, 150, 10, 3") is still a list.
-MIN_PATTERN_REPEATS = 6
+# Copies of a number pattern ("#. ") in a row that make a counting loop: sixteen, so that a list a strong model
+# writes out ("第1、2、3、4、5、6、7节", days 1 to 14) stays a list; a small model's loop runs to its token limit, far
+# longer.
+MIN_PATTERN_REPEATS = 16
 # A run of one digit this long is no number anyone means (10^11 and up, or float noise).
 MAX_DIGIT_RUN = 11
 # A loop is cut from the stream once it spans this many characters in three copies ("1.1.1.1.1.1.").

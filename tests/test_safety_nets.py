@@ -206,8 +206,8 @@ def test_garbage_is_flagged(answer):
     ("I am sorry, I am sorry, I am sorry, I am sorry, I am sorry, I am sorry,", "I am sorry,"),
     ("共200节。I am sorry, I am sorry, I am sorry, I am sorry, I am sorry,", "共200节。I am sorry,"),
     ("2022-01-01 2022-01-01 2022-01-01 2022-01-01 2022-01-01", "2022-01-01"),
-    ("10. 11. 12. 13. 14. 15. 16. 17. 18. 19.", "10."),  # a counting loop
-    ("2022-01-12 2022-01-13 2022-01-14 2022-01-15 2022-01-16 2022-01-17 2022-01-18", "2022-01-12"),
+    (" ".join(f"{n}." for n in range(10, 40)), "10."),  # a counting loop, to a small model's token limit
+    (" ".join(f"2022-01-{day:02d}" for day in range(1, 29)), "2022-01-01"),
     ("的的的的的的的的的的的的", "的"),
     ("100.000\n" + NOTE, "100.000"),  # a note copied from the trace
     ("共200节。" + NOTE, "共200节。"),
@@ -223,6 +223,8 @@ def test_loops_notes_and_echoes_are_cut(answer, kept):
 @pytest.mark.parametrize("answer", [
     "The lessons are 200, 230, 150, 10, 3.",
     "1, 2, 3, 4, 5",  # five numbers counting up are still a list
+    "第1、2、3、4、5、6、7节是免费的。",  # and seven, as a strong model writes them out
+    ", ".join(str(day) for day in range(1, MIN_PATTERN_REPEATS)),  # up to the loop's length
     "The courses are: 200, 230, 150, 10, 3, 2",  # six that do not count steadily too
     "大模型技术实战有200节课。",
     "It has 200 lessons, updated 3 times a week.",
@@ -267,7 +269,7 @@ def test_a_stream_never_shows_a_short_loop_over_the_stream_span(answer, unit):
 
 
 def test_a_stream_never_shows_a_counting_loop_beyond_a_list_of_its_length():
-    """A counting loop streams as far as a list may go (five numbers are an answer), never further."""
+    """A counting loop streams as far as a list may go (fifteen numbers are an answer), never further."""
     loop = "".join(f"{number}. " for number in range(10, 30))
     shown = streamed(loop)
     assert max(len(values(text)) for text in shown) == MIN_PATTERN_REPEATS
