@@ -8,8 +8,9 @@
 # 1. setup: .venv with torch's CUDA build (TORCH_SPEC=torch, as scripts/setup.sh explains), unless .venv already
 #    has a torch that sees the device. Without network (GPU_CHECK_PYTHON set): no setup.sh and no .venv; that
 #    Python's own torch and transformers, plus the wheels in GPU_CHECK_WHEELS (bench/gpu_wheels.txt, which
-#    bench/gpu_carry.sh packs) installed with --no-deps into GPU_CHECK_SITE [/tmp/gpu-check-site], put first on
-#    PYTHONPATH; the test GGUF must already be in .cache/models (gpu_carry.sh unpack puts it there)
+#    bench/gpu_carry.sh packs) installed with --no-deps into GPU_CHECK_SITE [/tmp/gpu-check-site], which a venv
+#    GPU_CHECK_VENV [/tmp/gpu-check-venv] puts before that Python's own packages; the test GGUF must already be in
+#    .cache/models (gpu_carry.sh unpack puts it there)
 # 2. the real-model tests of the engine's GPU path (started_local_llm on QWENBOT_TEST_DEVICE_MAP=cuda): loading,
 #    batches, cancellation, grammar, prefix cache, speculative tokens; not the CPU-only layers (int8/int4, packed
 #    bf16, the decode pass), whose kernels run on CPUs only and which the engine leaves out on a GPU
@@ -39,12 +40,26 @@ PYTHON=${GPU_CHECK_PYTHON:-.venv/bin/python}
 has_device() { "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
 if [ "$DEVICE" = cuda ]; then nvidia-smi -L; fi
 if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
-    # No network: pip installs the carried wheels as they are (no resolver, no index); they go first on the path.
+    # No network: pip installs the carried wheels as they are (no resolver, no index) into a folder of their own,
+    # which a thin venv puts before that Python's packages (a .pth), so that the processes the tests and the bench
+    # start (sys.executable) see them too: PYTHONPATH alone would not do (some tests set their own), it is the
+    # fallback where that Python cannot make a venv.
     if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
-        site=${GPU_CHECK_SITE:-/tmp/gpu-check-site}
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-            "$GPU_CHECK_WHEELS"/*.whl
-        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+        site=${GPU_CHECK_SITE:-/tmp/gpu-check-site} overlay=${GPU_CHECK_VENV:-/tmp/gpu-check-venv}
+        "$GPU_CHECK_PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$site" "$GPU_CHECK_WHEELS"/*.whl
+        if "$GPU_CHECK_PYTHON" -m venv --without-pip --clear "$overlay"; then
+            purelib=$("$overlay/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+            "$GPU_CHECK_PYTHON" - "$site" > "$purelib/gpu-check.pth" <<'PY'
+import sys
+for path in [sys.argv[1], *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))]:
+    print(f"import site; site.addsitedir({path!r})")
+PY
+            PYTHON=$overlay/bin/python
+        else
+            echo "gpu_check: $GPU_CHECK_PYTHON made no venv: the wheels go on PYTHONPATH (tests that set their own lack them)" >&2
+            export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+        fi
     fi
     [ -s .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf ] || { echo "gpu_check: the test GGUF is not in .cache/models (bench/gpu_carry.sh unpack puts it there)" >&2; exit 1; }
 elif [ "$DEVICE" = cuda ]; then
