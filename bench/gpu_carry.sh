@@ -75,13 +75,15 @@ unpack() {  # unpack FOLDER: call 2, on the machine: the GGUF into .cache/models
     [ -s "$STASH/model.xz.part1" ] || { echo "gpu_carry: $STASH/model.xz.part1 is missing: call 1 (stash .gpu1) did not run on this machine, or it was given back in between" >&2; exit 1; }
     mkdir -p "$(dirname "$GGUF")"
     cat "$STASH/model.xz.part1" "$1/model.xz.part2" | unxz > "$GGUF.partial"
+    local expected actual
+    expected=$(cut -d' ' -f1 "$1/model.sha256") actual=$(sha256sum < "$GGUF.partial" | cut -d' ' -f1)
+    [ "$actual" = "$expected" ] || { echo "gpu_carry: the joined GGUF's sha256 is $actual, not $expected" >&2; exit 1; }
     mv "$GGUF.partial" "$GGUF"
-    sha256sum -c "$1/model.sha256"
     if [ -s "$STASH/qwen.tiktoken.gz" ] && [ ! -s "$VOCAB" ]; then
         (umask 077 && mkdir -p "$(dirname "$VOCAB")")
         gzip -dc "$STASH/qwen.tiktoken.gz" > "$VOCAB"
     fi
-    echo "gpu_carry: $GGUF joined and checked; wheels in $STASH/wheels ($(ls "$STASH/wheels" | wc -l))"
+    echo "gpu_carry: $GGUF joined, sha256 $actual as packed; wheels in $STASH/wheels ($(ls "$STASH/wheels" | wc -l))"
 }
 
 case "${1:-}" in
