@@ -3,14 +3,14 @@
 #
 #     bash bench/gpu_check.sh                    # needs a CUDA device; exits 3 with one line where there is none
 #     GPU_CHECK_CPU=1 bash bench/gpu_check.sh    # the same steps on the CPU (to check the script itself)
-#     GPU_CHECK_PYTHON=python3 GPU_CHECK_WHEELS=DIR bash bench/gpu_check.sh   # a machine without network
+#     GPU_CHECK_PYTHON=python3 GPU_CHECK_SITE=DIR bash bench/gpu_check.sh   # without network (bench/gpu_carry.sh)
 #
 # 1. setup: .venv with torch's CUDA build (TORCH_SPEC=torch, as scripts/setup.sh explains), unless .venv already
 #    has a torch that sees the device. Without network (GPU_CHECK_PYTHON set): no setup.sh and no .venv; that
-#    Python's own torch and transformers, plus the wheels in GPU_CHECK_WHEELS (bench/gpu_wheels.txt, which
-#    bench/gpu_carry.sh packs) installed with --no-deps into GPU_CHECK_SITE [/tmp/gpu-check-site], which a venv
-#    GPU_CHECK_VENV [/tmp/gpu-check-venv] puts before that Python's own packages; the test GGUF must already be in
-#    .cache/models (gpu_carry.sh unpack puts it there)
+#    Python's own torch, under the packages in GPU_CHECK_SITE [/tmp/gpu-check-site] (bench/gpu_wheels.txt, which
+#    gpu_carry.sh installs and carries; or GPU_CHECK_WHEELS=DIR: wheels to install there first), which a venv
+#    GPU_CHECK_VENV [/tmp/gpu-check-venv] puts before that Python's own; pytest loads no plugin but pytest-asyncio;
+#    the test GGUF must already be in .cache/models (gpu_carry.sh unpack puts it there)
 # 2. the real-model tests of the engine's GPU path (started_local_llm on QWENBOT_TEST_DEVICE_MAP=cuda): loading,
 #    batches, cancellation, grammar, prefix cache, speculative tokens; not the CPU-only layers (int8/int4, packed
 #    bf16, the decode pass), whose kernels run on CPUs only and which the engine leaves out on a GPU
@@ -40,27 +40,29 @@ PYTHON=${GPU_CHECK_PYTHON:-.venv/bin/python}
 has_device() { "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
 if [ "$DEVICE" = cuda ]; then nvidia-smi -L; fi
 if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
-    # No network: pip installs the carried wheels as they are (no resolver, no index) into a folder of their own,
-    # which a thin venv puts before that Python's packages (a .pth), so that the processes the tests and the bench
-    # start (sys.executable) see them too: PYTHONPATH alone would not do (some tests set their own), it is the
-    # fallback where that Python cannot make a venv.
+    # No network: the carried packages, in GPU_CHECK_SITE as gpu_carry.sh unpacks them, or installed there now from
+    # GPU_CHECK_WHEELS (as they are: no resolver, no index). A thin venv puts them before that Python's own packages
+    # (a .pth), so that the processes the tests and the bench start (sys.executable) see them too: PYTHONPATH alone
+    # would not do (some tests set their own), it is the fallback where that Python cannot make a venv.
+    site=${GPU_CHECK_SITE:-/tmp/gpu-check-site} overlay=${GPU_CHECK_VENV:-/tmp/gpu-check-venv}
     if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
-        site=${GPU_CHECK_SITE:-/tmp/gpu-check-site} overlay=${GPU_CHECK_VENV:-/tmp/gpu-check-venv}
         "$GPU_CHECK_PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$site" "$GPU_CHECK_WHEELS"/*.whl
-        if "$GPU_CHECK_PYTHON" -m venv --without-pip --clear "$overlay"; then
-            purelib=$("$overlay/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-            "$GPU_CHECK_PYTHON" - "$site" > "$purelib/gpu-check.pth" <<'PY'
+    fi
+    if [ -d "$site" ] && "$GPU_CHECK_PYTHON" -m venv --without-pip --clear "$overlay"; then
+        purelib=$("$overlay/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        "$GPU_CHECK_PYTHON" - "$site" > "$purelib/gpu-check.pth" <<'PY'
 import sys
 for path in [sys.argv[1], *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))]:
     print(f"import site; site.addsitedir({path!r})")
 PY
-            PYTHON=$overlay/bin/python
-        else
-            echo "gpu_check: $GPU_CHECK_PYTHON made no venv: the wheels go on PYTHONPATH (tests that set their own lack them)" >&2
-            export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-        fi
+        PYTHON=$overlay/bin/python
+    elif [ -d "$site" ]; then
+        echo "gpu_check: $GPU_CHECK_PYTHON made no venv: $site goes on PYTHONPATH (tests that set their own lack it)" >&2
+        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     fi
+    # pytest as the project's .venv has it: the carried pytest-asyncio, none of that Python's other plugins
+    export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS=pytest_asyncio.plugin
     [ -s .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf ] || { echo "gpu_check: the test GGUF is not in .cache/models (bench/gpu_carry.sh unpack puts it there)" >&2; exit 1; }
 elif [ "$DEVICE" = cuda ]; then
     has_device || TORCH_SPEC=${TORCH_SPEC:-torch} bash scripts/setup.sh
