@@ -164,8 +164,11 @@ def _from_pretrained(source: ModelSource, dtype: Any, device_map: str, cache_dir
     check_chat_template(source, tokenizer)
     if native_tools:
         check_renders_tools(source, tokenizer)
+    # use_kernels=False: transformers 5 otherwise swaps layers for the `kernels` package's Hub kernels on a GPU,
+    # fetched at load (an offline GPU box then cannot load at all: seen on the first GPU check), and the engine's
+    # own forward pass replaces those layers' forward anyway.
     model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, device_map=device_map or None,
-                                                 **options)
+                                                 use_kernels=False, **options)
     return tokenizer, model
 
 
