@@ -162,22 +162,39 @@ def holds(answer: str, expected: str) -> bool:
 
 def load_cases(path: Path) -> list[EvalCase]:
     """The questions of a JSONL file; a bad line is an `EvalFileError` naming it. Blank lines are skipped."""
+    return [_case(line.where, line.number, line.item) for line in jsonl_lines(path)]
+
+
+@dataclass(frozen=True)
+class JsonLine:
+    """One parsed line of a JSONL question file, and where it is ("FILE, line N") for error messages."""
+
+    where: str
+    number: int
+    item: Any
+
+
+def jsonl_lines(path: Path) -> list[JsonLine]:
+    """The non-blank lines of a JSONL question file (`qwenbot eval`, with `--retrieval` too), parsed; an unreadable
+    file, a line that is not JSON and a file with no line are each an `EvalFileError` naming where."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
         raise EvalFileError(f"cannot read {path}: {error}") from None
-    cases = [_case(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
-    if not cases:
+    parsed = [_parsed(f"{path}, line {number}", number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    if not parsed:
         raise EvalFileError(f"{path} holds no questions")
-    return cases
+    return parsed
 
 
-def _case(path: Path, number: int, line: str) -> EvalCase:
-    where = f"{path}, line {number}"
+def _parsed(where: str, number: int, line: str) -> JsonLine:
     try:
-        item = json.loads(line)
+        return JsonLine(where, number, json.loads(line))
     except ValueError as error:
         raise EvalFileError(f"{where}: not JSON ({error})") from None
+
+
+def _case(where: str, number: int, item: Any) -> EvalCase:
     if not isinstance(item, dict) or not isinstance(item.get("q"), str) or not item["q"].strip():
         raise EvalFileError(f'{where}: expected {{"q": "question", "expect": [...]}}')
     unknown = set(item) - set(FIELDS)

@@ -16,7 +16,6 @@ index in another form of tools/docs_index.py, to measure it against the shipped 
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path, PurePath
 from typing import Any, Iterable, Sequence
 
 from bot.program.audit import insert_audit
-from bot.program.evaluation import EvalFileError
+from bot.program.evaluation import EvalFileError, jsonl_lines
 from db import open_database
 from tools.docs_chunks import SEPARATOR
 from tools.docs_convert import SUFFIXES, is_cjk
@@ -104,22 +103,10 @@ class RetrievalReport:
 
 def load_retrieval_cases(path: Path) -> list[RetrievalCase]:
     """The questions of a retrieval JSONL file; a bad line is an `EvalFileError` naming it."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise EvalFileError(f"cannot read {path}: {error}") from None
-    cases = [_case(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
-    if not cases:
-        raise EvalFileError(f"{path} holds no questions")
-    return cases
+    return [_case(line.where, line.number, line.item) for line in jsonl_lines(path)]
 
 
-def _case(path: Path, number: int, line: str) -> RetrievalCase:
-    where = f"{path}, line {number}"
-    try:
-        item = json.loads(line)
-    except ValueError as error:
-        raise EvalFileError(f"{where}: not JSON ({error})") from None
+def _case(where: str, number: int, item: Any) -> RetrievalCase:
     if not isinstance(item, dict) or set(item) != {"q", "doc", "heading"} or \
             not all(isinstance(item[key], str) and item[key].strip() for key in item):
         raise EvalFileError(f'{where}: expected {{"q": "question", "doc": "name", "heading": "Section › Part"}}')
