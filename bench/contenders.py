@@ -274,15 +274,13 @@ async def open_contender(spec: Spec, folder: Path) -> tuple[Any, dict[str, Any]]
 
 
 def dtype_name(spec: Spec) -> str:
-    """The dtype our backend runs in, as `load_model` chooses it."""
+    """The mode our backend runs in, as `load_model` chooses it (a dtype's name, or int8/int4)."""
     import torch
 
-    from agent.llm.engine.loading import choose_dtype
+    from agent.llm.engine.loading import resolved_mode
 
-    if spec.dtype == "int8":
-        return "int8"
     on_gpu = torch.cuda.is_available() and spec.device_map not in ("", "cpu")
-    return str(choose_dtype(spec.dtype, on_gpu)).removeprefix("torch.")
+    return resolved_mode(spec.dtype, on_gpu)[0]
 
 
 async def _open_raw(spec: Spec, settings: Settings) -> tuple[Any, dict[str, Any]]:

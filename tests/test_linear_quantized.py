@@ -75,11 +75,13 @@ def test_int4_levels_already_on_a_16_step_grid_come_back_to_bf16_rounding() -> N
     assert float((Int4Linear.rounded(weight) - weight).abs().max()) < 0.004 * float(weight.abs().max())
 
 
-@pytest.mark.parametrize("kind", [Int4Linear, OutputInt8Linear])
+@pytest.mark.parametrize("kind", [Int4Linear, OutputInt8Linear, Int8Linear])
 def test_a_row_is_computed_on_its_own_whatever_else_the_batch_holds(kind) -> None:
-    """Unlike `Int8Linear`'s, whose activations are scaled over the whole batch."""
+    """`Int8Linear` too: fbgemm scales the activations over the whole batch, but each row comes to it divided by
+    its own largest magnitude (one row 40 times larger than the others changes none of theirs)."""
     linear = kind(layer())
     rows = torch.randn(7, 128).to(torch.bfloat16)
+    rows[3] *= 40
     with torch.inference_mode():
         together = linear(rows)
         for index in range(7):

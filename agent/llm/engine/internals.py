@@ -39,6 +39,7 @@ with one line: more memory and less speed, the same model.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable
 
@@ -89,9 +90,31 @@ def int8_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
 
 
 def int8_linear(flat: torch.Tensor, packed: Any) -> torch.Tensor:
-    """`F.linear` of 2-D float32 `flat` with an `int8_pack`ed weight: the activations quantized per call, over
-    the whole of `flat` (seven bits, as fbgemm wants on x86), so a row's output depends a little on the others."""
-    return torch.ops.quantized.linear_dynamic(flat, packed, reduce_range=True)
+    """`F.linear` of 2-D float32 `flat` with an `int8_pack`ed weight: the activations quantized per call over the
+    whole of `flat`, in `int8_activation_bits()` bits."""
+    return torch.ops.quantized.linear_dynamic(flat, packed, reduce_range=int8_activation_bits() == 7)
+
+
+@functools.cache
+def int8_activation_bits() -> int:
+    """8 where fbgemm's int8 product takes 8-bit activations without overflow on this CPU, else 7.
+
+    Without VNNI fbgemm sums pairs of 8-bit products in 16 bits, which overflow at full range; hence its
+    `reduce_range` (7 bits) on x86. With VNNI (or AMX) the sums are 32-bit and the eighth bit halves the rounding of
+    every activation (on the test model 46% of float32's tokens kept instead of 12%: bench/README.md § MODEL_DTYPE).
+    Tried once, on the product that overflows: every activation at the top of its range, every weight at its
+    largest level."""
+    import warnings
+
+    try:
+        packed = int8_pack(torch.full((16, 64), 0.05), None)
+        probe = torch.stack([torch.ones(64), -torch.ones(64)])  # the range [-1, 1], row 0 all at its top
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = torch.ops.quantized.linear_dynamic(probe, packed, reduce_range=False)[0]
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return 7
+    return 8 if float((got - 64 * 0.05).abs().max()) < 0.01 * 64 * 0.05 else 7
 
 
 def int8_weight_only_linear(flat: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

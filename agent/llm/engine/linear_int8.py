@@ -1,10 +1,13 @@
-"""int8 linear layers on a CPU (MODEL_DTYPE=int8): weights per output channel, activations quantized at every product.
+"""int8 linear layers on a CPU (MODEL_DTYPE=int8, and what `auto` picks on CPUs with VNNI or AMX): weights per
+output channel, activations quantized at every product, per row.
 
 On a CPU decoding reads every weight once per token, so int8 weights (half of bf16's bytes, a quarter of fp32's)
 make a step faster, and fbgemm's int8 kernels are the fastest products torch has on a CPU at every batch width we
-measured, prompts included (bench/README.md § Linear layers). The price: outputs differ a little from fp32's, and
-a product's activations are scaled over the whole batch, so a row's output may depend on its batch neighbours (no
-batch- or cache-equality: MODEL_DTYPE=float32 has that).
+measured, prompts included (bench/README.md § Linear layers). fbgemm scales a product's activations over the whole
+tensor; each row is handed to it divided by its own largest magnitude (`per_row_range`), so every row (token) is
+rounded on its own scale: finer than one scale for the batch, and a row's outputs do not depend on its batch
+neighbours. Outputs still differ a little from fp32's (8-bit activations where the CPU has VNNI, else 7:
+internals.int8_activation_bits).
 
 torch reaches fbgemm's int8 product only through quantized tensors, which it deprecates, and torchao's int8 layouts
 run on a CPU 20-50 times slower (bench/README.md). So the kernel is called directly, through internals.py, which
@@ -35,12 +38,15 @@ class Int8Linear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
-        self.packed = int8_pack(linear.weight, linear.bias)  # an fbgemm object, not a tensor: no buffer
+        self.packed = int8_pack(linear.weight, None)  # an fbgemm object, not a tensor: no buffer
+        self.bias = linear.bias  # added after the rows are scaled back (see forward)
         self.nbytes = linear.out_features * (linear.in_features + 4)  # the int8 weight and its scales
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         flat = inputs.reshape(-1, self.in_features).float()
-        output = int8_linear(flat, self.packed)
+        output = int8_linear(per_row_range(flat), self.packed)[:-1] * row_scales(flat)
+        if self.bias is not None:
+            output = output + self.bias
         return output.to(self.out_dtype).reshape(*inputs.shape[:-1], self.out_features)
 
     @staticmethod
@@ -86,6 +92,23 @@ class OutputInt8Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+
+
+def row_scales(flat: torch.Tensor) -> torch.Tensor:
+    """Each row's largest magnitude ([rows, 1]; a row of zeros counts as 1)."""
+    scales = flat.abs().amax(dim=1, keepdim=True)
+    return torch.where(scales > 0, scales, torch.ones_like(scales))
+
+
+def per_row_range(flat: torch.Tensor) -> torch.Tensor:
+    """`flat` with every row divided by its largest magnitude, and one more row holding -1 and 1: fbgemm quantizes
+    the activations over the whole tensor, whose range is then [-1, 1] whatever the batch holds, so each row is
+    rounded on a scale of its own (per token, finer than per batch) and its output no longer depends on its
+    neighbours. The caller drops the last output row and multiplies the others by `row_scales` again (the
+    product is linear; the bias comes after)."""
+    bounds = flat.new_zeros(1, flat.shape[1])
+    bounds[0, 0], bounds[0, -1] = -1.0, 1.0
+    return torch.cat([flat / row_scales(flat), bounds])
 
 
 def output_layer(model: Any) -> torch.nn.Module | None:

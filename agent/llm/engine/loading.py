@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from agent.errors import ModelLoadError
 from agent.llm.base import MODEL_DTYPES
+from agent.llm.engine.file_pages import release_file_pages
 from agent.llm.engine.grammar_masks import GrammarEngine
 from agent.llm.engine.hub import hub_load_options
 from agent.llm.engine.model_thread import LoadedModel
@@ -62,15 +63,13 @@ QUANTIZED = ("int8", "int4")  # MODEL_DTYPEs whose linear layers are quantized a
 
 
 def choose_dtype(setting: str, on_gpu: bool) -> Any:
-    """The torch dtype to load the model in for MODEL_DTYPE; `auto` means bf16 where the hardware computes it
-    natively, else fp32. int8 and int4 load in the same dtype as auto, then quantize the linear layers.
+    """The torch dtype to load the model in for MODEL_DTYPE; `auto`, int8 and int4 load in bf16 where the hardware
+    computes it natively, else fp32 (then `quantization` says whether the linear layers become int8 or int4).
 
     Native bf16: a CUDA GPU, or a CPU with avx512_bf16 or AMX (several times faster than fp32 there: bench/README.md).
     Without those instructions bf16 is emulated and slower than fp32. bf16 is not batch-invariant: rounding can
     flip a near-tied greedy choice when the batch shape changes; MODEL_DTYPE=float32 buys exact, batch-independent
-    outputs (on a CPU) at that speed cost. Why auto is not int8 or int4 though both are a setting away (measured
-    by bench/dtype_agreement.py, bench/README.md § MODEL_DTYPE=auto): int8 is faster but leaves float32's tokens
-    early in nearly every row; int4 follows float32 as closely as bf16 but is slower on long prompts.
+    outputs (on a CPU) at that speed cost.
     """
     import torch
 
@@ -80,13 +79,29 @@ def choose_dtype(setting: str, on_gpu: bool) -> Any:
     return getattr(torch, setting)
 
 
+def quantization(setting: str, on_gpu: bool) -> str | None:
+    """"int8" or "int4" where MODEL_DTYPE `setting` quantizes the linear layers, else None.
+
+    `auto` on a CPU is int8 where fbgemm's product keeps 8-bit activations (VNNI or AMX: internals.py): from the
+    evidence in bench/README.md § MODEL_DTYPE=auto, an eval score no lower than float32's, about half bf16's
+    weight bytes and (at 0.5B and up) its fastest mode; with each row's activations scaled on their own
+    (linear_int8.py), a row's tokens do not depend on its batch neighbours. Where only 7 bits fit (AVX2), int8
+    keeps too few of float32's tokens (12% on the test model), and auto stays bf16 or fp32.
+    """
+    if setting in QUANTIZED:
+        return setting
+    if setting != "auto" or on_gpu:
+        return None
+    from agent.llm.engine import internals
+
+    return "int8" if internals.int8_activation_bits() == 8 and internals.int8_fails() is None else None
+
+
 def resolved_mode(setting: str, on_gpu: bool) -> tuple[str, int]:
     """What MODEL_DTYPE `setting` runs as here (a dtype's name, or int8/int4), and the bytes of one number of
     the rest of the model and of its KV cache."""
     dtype = choose_dtype(setting, on_gpu)
-    if setting in QUANTIZED:
-        return setting, dtype.itemsize
-    return str(dtype).removeprefix("torch."), dtype.itemsize
+    return quantization(setting, on_gpu) or str(dtype).removeprefix("torch."), dtype.itemsize
 
 
 def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -145,8 +160,11 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     except Exception as error:
         raise ModelLoadError(f"MODEL {source.setting}: cannot load it: {_first_line(error)}") from error
     model.eval()
-    quantize = dtype_setting if dtype_setting in QUANTIZED else None
+    quantize = quantization(dtype_setting, on_gpu)
     model = speed_up(model, on_gpu=on_gpu, quantize=quantize)
+    released = release_file_pages()  # the file's pages the engine's own layers copied (file_pages.py)
+    if released:
+        log.info("released %d MiB of the model file's pages", released >> 20)
     grammars = GrammarEngine(tokenizer)
     # Logged once the model can answer (bench/bench_local.py times a second start of `qwenbot ask` to this line).
     log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, quantize or model.dtype,
