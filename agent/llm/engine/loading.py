@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from agent.errors import ModelLoadError
 from agent.llm.base import MODEL_DTYPES
-from agent.llm.engine.file_pages import release_file_pages
+from agent.llm.engine.load_leftovers import release_load_leftovers
 from agent.llm.engine.grammar_masks import GrammarEngine
 from agent.llm.engine.hub import hub_load_options
 from agent.llm.engine.model_thread import LoadedModel
@@ -162,9 +162,9 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     model.eval()
     quantize = quantization(dtype_setting, on_gpu)
     model = speed_up(model, on_gpu=on_gpu, quantize=quantize)
-    released = release_file_pages()  # the file's pages the engine's own layers copied (file_pages.py)
+    released = release_load_leftovers()  # the file's pages and heap blocks nothing reads again (load_leftovers.py)
     if released:
-        log.info("released %d MiB of the model file's pages", released >> 20)
+        log.info("handed back %d MiB that loading left behind", released >> 20)
     grammars = GrammarEngine(tokenizer)
     # Logged once the model can answer (bench/bench_local.py times a second start of `qwenbot ask` to this line).
     log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, quantize or model.dtype,

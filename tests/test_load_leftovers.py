@@ -1,5 +1,5 @@
-"""The model file's pages let go after loading (engine/file_pages.py): on a real safetensors file mapped as
-transformers maps it (safetensors' `safe_open`)."""
+"""What loading leaves behind, handed back (engine/load_leftovers.py): the pages of a real safetensors file mapped
+as transformers maps it (safetensors' `safe_open`), and freed heap blocks."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from agent.llm.engine.file_pages import release_file_pages, weight_file_mappings
+from agent.llm.engine.load_leftovers import release_file_pages, trim_heap, weight_file_mappings
 
 SMAPS = Path("/proc/self/smaps")
-pytestmark = pytest.mark.skipif(not SMAPS.exists(), reason="Linux's /proc/self/smaps: file_pages does nothing elsewhere")
+pytestmark = pytest.mark.skipif(not SMAPS.exists(), reason="Linux's /proc/self/smaps: nothing is released elsewhere")
 
 
 def mapped_weight(tmp_path: Path, name: str) -> tuple[torch.Tensor, Path]:
@@ -48,3 +48,14 @@ def test_a_mapping_the_process_wrote_is_kept_with_its_writes(tmp_path: Path) -> 
     release_file_pages()
     assert mapping_of(path).resident_kb >= 16 << 10
     assert float(weight[0]) == -7.0 and float(weight[1]) == 1.0
+
+
+def test_freed_blocks_of_the_heap_are_given_back() -> None:
+    """Blocks freed after a larger block was freed stay in glibc's heap (its mmap threshold rose to that size),
+    counted in the process's memory until trimmed; the last block keeps the heap's top in use, so glibc does not
+    trim it on its own."""
+    torch.empty(24 << 20, dtype=torch.uint8).fill_(1)  # mapped, then freed: the threshold rises to 24 MiB
+    blocks = [torch.empty(8 << 20, dtype=torch.uint8).fill_(1) for _ in range(16)]  # 128 MiB from the heap
+    del blocks[:-1]
+    assert trim_heap() >= 64 << 20
+    assert int(blocks[0].sum()) == 8 << 20  # the block in use is untouched

@@ -1,14 +1,19 @@
-"""Letting go of the model file's pages once loading is done.
+"""Handing back the memory loading leaves behind: the model file's pages, and the heap's freed blocks.
 
-transformers maps a safetensors file into memory and hands out tensors over that mapping. The engine then lays
-most weights out anew (packed bf16, int8, int4: weights.py), yet the mapping stays, and every page loading read
-stays resident and counted in the process's memory although nothing reads it again: at the 0.5B shape 785 MB of
-a 2.3 GB total (bench/README.md § Memory). `release_file_pages` tells the kernel (madvise MADV_DONTNEED) that the
-process no longer needs those pages; what is still read through the mapping (the embedding's rows of the tokens
-seen, the norms) comes back a page at a time from the page cache, as with llama.cpp's own mapping of a GGUF file.
+The model file. transformers maps a safetensors file into memory and hands out tensors over that mapping. The
+engine then lays most weights out anew (packed bf16, int8, int4: weights.py), yet the mapping stays, and every page
+loading read stays resident and counted in the process's memory although nothing reads it again: at the 0.5B shape
+785 MB of a 2.3 GB total (bench/README.md § Memory). `release_file_pages` tells the kernel (madvise MADV_DONTNEED)
+that the process no longer needs those pages; what is still read through the mapping (the embedding's rows of the
+tokens seen, the norms) comes back a page at a time from the page cache, as with llama.cpp's own mapping of a GGUF
+file. Only a mapping none of whose pages the process wrote is released (smaps' `Anonymous: 0 kB`): dropping a
+written page of a private mapping would undo the write.
 
-Only a mapping none of whose pages the process wrote is released (smaps' `Anonymous: 0 kB`): dropping a written
-page of a private mapping would undo the write. Linux only; elsewhere nothing happens.
+The heap. Stacking and quantizing free the loaded copies of the weights, but glibc keeps freed blocks of that size
+in its heap rather than returning them (its mmap threshold rises with every large block freed), so the process
+still counted them: another 570 MB at the 0.5B shape. `trim_heap` (glibc's malloc_trim) returns the free pages.
+
+Linux with glibc only; elsewhere nothing happens.
 """
 
 from __future__ import annotations
@@ -58,6 +63,30 @@ def weight_file_mappings(smaps: str, suffix: str = ".safetensors") -> list[FileM
         if current is not None and field and field.group(1) in ("Rss", "Anonymous"):
             current[field.group(1)] = int(field.group(2))
     return [FileMapping(m["start"], m["end"], m["path"], m["Rss"], m["Anonymous"]) for m in found]  # type: ignore
+
+
+def release_load_leftovers() -> int:
+    """Both of the above, once the engine's layers are in; returns the bytes handed back."""
+    return release_file_pages() + trim_heap()
+
+
+def trim_heap() -> int:
+    """Return the heap's free pages to the system (glibc's malloc_trim); the bytes it gave back."""
+    before = _resident_anonymous()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        return 0
+    return max(before - _resident_anonymous(), 0)
+
+
+def _resident_anonymous() -> int:
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return 0
+    found = re.search(r"^RssAnon:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) << 10 if found else 0
 
 
 def release_file_pages(smaps_path: Path = Path("/proc/self/smaps")) -> int:
