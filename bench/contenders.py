@@ -265,22 +265,13 @@ async def open_contender(spec: Spec, folder: Path) -> tuple[Any, dict[str, Any]]
     settings = settings_for(spec, folder)
     if spec.kind == "raw":
         return await _open_raw(spec, settings)
-    llm = ScriptedReact(backend_for(spec, settings), spec.new_tokens, grammar=spec.grammar)
+    backend = backend_for(spec, settings)
+    llm = ScriptedReact(backend, spec.new_tokens, grammar=spec.grammar)
     services = await start_services(settings, llm=llm)
     facts = {"start_s": llm.start_seconds}
     if spec.kind != "openai":
-        facts.update(peak_rss_mb=PeakMemory().peak_mb(), dtype=dtype_name(spec))
+        facts.update(peak_rss_mb=PeakMemory().peak_mb(), dtype=getattr(backend, "mode", ""))
     return AgentContender(spec, services, llm), facts
-
-
-def dtype_name(spec: Spec) -> str:
-    """The mode our backend runs in, as `load_model` chooses it (a dtype's name, or int8/int4)."""
-    import torch
-
-    from agent.llm.engine.loading import resolved_mode
-
-    on_gpu = torch.cuda.is_available() and spec.device_map not in ("", "cpu")
-    return resolved_mode(spec.dtype, on_gpu)[0]
 
 
 async def _open_raw(spec: Spec, settings: Settings) -> tuple[Any, dict[str, Any]]:
@@ -295,7 +286,7 @@ async def _open_raw(spec: Spec, settings: Settings) -> tuple[Any, dict[str, Any]
                              spec.new_tokens)
     services = await start_services(settings, llm=recorder)
     return RawContender(spec, services, recorder, loaded), {"start_s": start_s, "peak_rss_mb": PeakMemory().peak_mb(),
-                                                            "dtype": dtype_name(spec)}
+                                                            "dtype": loaded.mode}
 
 
 def serve(spec: Spec, conn: Any) -> None:

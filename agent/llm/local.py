@@ -41,6 +41,7 @@ class LocalLLM(LLM):
         self.native_tools = native_tools  # AGENT_MODE=native: the chat template must render tools
         self.device_map = device_map
         self.dtype = dtype
+        self.mode = ""  # what `dtype` runs as once started (auto resolved: a dtype's name, or int8/int4)
         self.batch_size = batch_size
         self.batch_wait_ms = batch_wait_ms
         self.low_priority_rows = low_priority_rows  # background rows (summaries) a batch may hold at once
@@ -63,6 +64,7 @@ class LocalLLM(LLM):
         # A copy is a separate Rust object, so the loop and the model thread never share a tokenizer. Copying
         # here is safe: no job can reach the model thread before `self._thread` is set below.
         self._counter = copy.deepcopy(loaded.tokenizer)
+        self.mode = loaded.mode
         self._thread = thread
 
     async def close(self) -> None:

@@ -320,7 +320,7 @@ def memory_line(settings: Settings, config: Any) -> Check:
     from agent.llm.engine.loading import resolved_mode
     from agent.llm.engine.memory import plan
 
-    mode, float_bytes = resolved_mode(settings.model.model_dtype, on_gpu=False)
+    mode, float_bytes = resolved_mode(settings.model.model_dtype, on_gpu=False, config=config)
     try:
         expected = plan(config, mode, float_bytes=float_bytes, batch_size=settings.engine.batch_size,
                         prefix_cache_mb=settings.engine.prefix_cache_megabytes())

@@ -16,7 +16,7 @@ column is the same dot product as before, bit for bit (tests/test_linear_fused.p
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -74,9 +74,10 @@ class ProjectionSlice(torch.nn.Module):
         return self._source[0].columns(inputs, self.start, self.end)
 
 
-def fuse_projections(model: Any) -> int:
+def fuse_projections(model: Any, between: Callable[[], Any] | None = None) -> int:
     """Stack each module's query/key/value and gate/up projections (plain `nn.Linear`s of one input size and
-    dtype) into one layer; returns how many stacks were made."""
+    dtype) into one layer; returns how many stacks were made. `between` is called after each stack (loading hands
+    back the unstacked weights' memory there: load_leftovers.py)."""
     count = 0
     for module in list(model.modules()):
         for names in GROUPS:
@@ -90,6 +91,8 @@ def fuse_projections(model: Any) -> int:
                 setattr(module, name, ProjectionSlice(source, start, start + linear.out_features))  # type: ignore
                 start += linear.out_features  # type: ignore[union-attr]
             count += 1
+            if between is not None:
+                between()
     return count
 
 

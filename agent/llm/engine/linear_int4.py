@@ -16,7 +16,7 @@ Layers whose sizes the kernel cannot take (inputs not a multiple of 32, outputs 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -79,7 +79,7 @@ class Int4Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"
 
 
-def quantize_int4(model: Any, output_in_int8: bool = True) -> Any:
+def quantize_int4(model: Any, output_in_int8: bool = True, between: Callable[[], Any] | None = None) -> Any:
     """The model with its linear layers in int4 (MODEL_DTYPE=int4), replaced in place; the output layer in int8
     weights (`output_in_int8`, where that kernel runs); returns the model."""
     output = output_layer(model)
@@ -89,5 +89,5 @@ def quantize_int4(model: Any, output_in_int8: bool = True) -> Any:
             return OutputInt8Linear(linear)
         return Int4Linear(linear) if fits(linear) else None
 
-    quantize_linears(model, make)
+    quantize_linears(model, make, between)
     return model

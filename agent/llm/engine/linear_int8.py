@@ -40,11 +40,17 @@ class Int8Linear(torch.nn.Module):
         self.out_dtype = linear.weight.dtype
         self.packed = int8_pack(linear.weight, None)  # an fbgemm object, not a tensor: no buffer
         self.bias = linear.bias  # added after the rows are scaled back (see forward)
+        self.register_buffer("range_row", range_row(linear.in_features), persistent=False)
         self.nbytes = linear.out_features * (linear.in_features + 4)  # the int8 weight and its scales
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        flat = inputs.reshape(-1, self.in_features).float()
-        output = int8_linear(per_row_range(flat), self.packed)[:-1] * row_scales(flat)
+        # Each row divided by its largest magnitude, and `range_row` below them: fbgemm quantizes the activations
+        # over the whole tensor, whose range is then [-1, 1] whatever the batch holds, so each row is rounded on
+        # a scale of its own (per token, finer than per batch) and its outputs do not depend on its neighbours.
+        # The product is linear: the rows' outputs are scaled back (the bias after), the range row's dropped.
+        flat = inputs.reshape(-1, self.in_features)
+        scales = row_scales(flat)
+        output = int8_linear(torch.cat([flat / scales, self.range_row]), self.packed)[:-1] * scales
         if self.bias is not None:
             output = output + self.bias
         return output.to(self.out_dtype).reshape(*inputs.shape[:-1], self.out_features)
@@ -95,20 +101,17 @@ class OutputInt8Linear(torch.nn.Module):
 
 
 def row_scales(flat: torch.Tensor) -> torch.Tensor:
-    """Each row's largest magnitude ([rows, 1]; a row of zeros counts as 1)."""
-    scales = flat.abs().amax(dim=1, keepdim=True)
-    return torch.where(scales > 0, scales, torch.ones_like(scales))
+    """Each row's largest magnitude, in float32 ([rows, 1]; at least the smallest normal float, so that a row of
+    zeros stays zeros)."""
+    largest = torch.linalg.vector_norm(flat, float("inf"), dim=1, keepdim=True, dtype=torch.float32)
+    return largest.clamp_min_(torch.finfo(torch.float32).tiny)
 
 
-def per_row_range(flat: torch.Tensor) -> torch.Tensor:
-    """`flat` with every row divided by its largest magnitude, and one more row holding -1 and 1: fbgemm quantizes
-    the activations over the whole tensor, whose range is then [-1, 1] whatever the batch holds, so each row is
-    rounded on a scale of its own (per token, finer than per batch) and its output no longer depends on its
-    neighbours. The caller drops the last output row and multiplies the others by `row_scales` again (the
-    product is linear; the bias comes after)."""
-    bounds = flat.new_zeros(1, flat.shape[1])
-    bounds[0, 0], bounds[0, -1] = -1.0, 1.0
-    return torch.cat([flat / row_scales(flat), bounds])
+def range_row(in_features: int) -> torch.Tensor:
+    """The row [-1, 0, …, 0, 1] (float32, [1, in_features]): with it the activations' range is [-1, 1]."""
+    row = torch.zeros(1, in_features)
+    row[0, 0], row[0, -1] = -1.0, 1.0
+    return row
 
 
 def output_layer(model: Any) -> torch.nn.Module | None:
@@ -116,7 +119,7 @@ def output_layer(model: Any) -> torch.nn.Module | None:
     return model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
 
 
-def quantize_int8(model: Any, output_weight_only: bool = True) -> Any:
+def quantize_int8(model: Any, output_weight_only: bool = True, between: Callable[[], Any] | None = None) -> Any:
     """The model with its linear layers in int8 (MODEL_DTYPE=int8), replaced in place; the output layer's inputs
     left unrounded (`OutputInt8Linear`) where `output_weight_only`; returns the model."""
     output = output_layer(model)
@@ -124,14 +127,16 @@ def quantize_int8(model: Any, output_weight_only: bool = True) -> Any:
     def make(linear: torch.nn.Linear) -> torch.nn.Module:
         return OutputInt8Linear(linear) if linear is output and output_weight_only else Int8Linear(linear)
 
-    quantize_linears(model, make)
+    quantize_linears(model, make, between)
     return model
 
 
-def quantize_linears(model: Any, make: Callable[[torch.nn.Linear], torch.nn.Module | None]) -> int:
+def quantize_linears(model: Any, make: Callable[[torch.nn.Linear], torch.nn.Module | None],
+                     between: Callable[[], Any] | None = None) -> int:
     """Replace every float `nn.Linear` of `model` on the CPU by `make(layer)` (None: keep it), one at a time, so
     that a layer's float weight is let go before the next is quantized; returns how many were replaced. A tied
-    output layer gets a quantized copy; the embedding keeps its weight."""
+    output layer gets a quantized copy; the embedding keeps its weight. `between` is called after each (loading
+    hands back the float weight's memory there: load_leftovers.py)."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -142,4 +147,6 @@ def quantize_linears(model: Any, make: Callable[[torch.nn.Linear], torch.nn.Modu
             if replacement is not None:
                 setattr(parent, name, replacement)
                 count += 1
+                if between is not None:
+                    between()
     return count

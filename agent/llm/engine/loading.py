@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from agent.errors import ModelLoadError
 from agent.llm.base import MODEL_DTYPES
-from agent.llm.engine.load_leftovers import release_load_leftovers
+from agent.llm.engine.load_leftovers import LoadLeftovers
 from agent.llm.engine.grammar_masks import GrammarEngine
 from agent.llm.engine.hub import hub_load_options
 from agent.llm.engine.model_thread import LoadedModel
@@ -79,29 +79,47 @@ def choose_dtype(setting: str, on_gpu: bool) -> Any:
     return getattr(torch, setting)
 
 
-def quantization(setting: str, on_gpu: bool) -> str | None:
+# `auto` quantizes to int8 on a CPU from this many weights in the decoder's linear layers (Qwen2.5-1.5B has 1.3
+# billion, 0.5B 0.36 billion). Side by side (bench/README.md § MODEL_DTYPE=auto): at the 1.5B shape int8 made one
+# chat's turn 9.2 s against bf16's 12.7 (llama-server 9.3) in 0.7x bf16's memory; at 0.5B and 135M, where a step's
+# fixed costs outweigh its weight reads, bf16 was faster with 8 chats (2.13x llama-server against 1.75x at 0.5B).
+INT8_FROM_WEIGHTS = 1_000_000_000
+
+
+def quantization(setting: str, on_gpu: bool, linear_weights: int = 0) -> str | None:
     """"int8" or "int4" where MODEL_DTYPE `setting` quantizes the linear layers, else None.
 
-    `auto` on a CPU is int8 where fbgemm's product keeps 8-bit activations (VNNI or AMX: internals.py): from the
-    evidence in bench/README.md § MODEL_DTYPE=auto, an eval score no lower than float32's, about half bf16's
-    weight bytes and (at 0.5B and up) its fastest mode; with each row's activations scaled on their own
-    (linear_int8.py), a row's tokens do not depend on its batch neighbours. Where only 7 bits fit (AVX2), int8
-    keeps too few of float32's tokens (12% on the test model), and auto stays bf16 or fp32.
+    `auto` on a CPU is int8 for a model with `linear_weights` of INT8_FROM_WEIGHTS or more, where fbgemm's product
+    keeps 8-bit activations (VNNI or AMX: internals.py). The evidence (bench/README.md § MODEL_DTYPE=auto): on the
+    test model int8 scored 21/38 on the eval against float32's 19 and bf16's 20; each row's activations are scaled
+    on their own (linear_int8.py), so a row's tokens do not depend on its batch neighbours. Where only 7 bits fit
+    (AVX2) int8 kept too few of float32's tokens (12% on the test model) and auto stays bf16 or fp32.
     """
     if setting in QUANTIZED:
         return setting
-    if setting != "auto" or on_gpu:
+    if setting != "auto" or on_gpu or linear_weights < INT8_FROM_WEIGHTS:
         return None
     from agent.llm.engine import internals
 
     return "int8" if internals.int8_activation_bits() == 8 and internals.int8_fails() is None else None
 
 
-def resolved_mode(setting: str, on_gpu: bool) -> tuple[str, int]:
-    """What MODEL_DTYPE `setting` runs as here (a dtype's name, or int8/int4), and the bytes of one number of
-    the rest of the model and of its KV cache."""
+def decoder_linear_weights(config: Any) -> int:
+    """The weights of a model's decoder linear layers, from its config (0 where the config lacks the usual sizes)."""
+    from agent.llm.engine.memory import weight_counts
+
+    try:
+        return weight_counts(config)[0]
+    except (AttributeError, TypeError):
+        return 0
+
+
+def resolved_mode(setting: str, on_gpu: bool, config: Any = None) -> tuple[str, int]:
+    """What MODEL_DTYPE `setting` runs as here for a model of `config` (a dtype's name, or int8/int4), and the
+    bytes of one number of the rest of the model and of its KV cache."""
     dtype = choose_dtype(setting, on_gpu)
-    return quantization(setting, on_gpu) or str(dtype).removeprefix("torch."), dtype.itemsize
+    weights = decoder_linear_weights(config) if config is not None else 0
+    return quantization(setting, on_gpu, weights) or str(dtype).removeprefix("torch."), dtype.itemsize
 
 
 def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -160,17 +178,18 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     except Exception as error:
         raise ModelLoadError(f"MODEL {source.setting}: cannot load it: {_first_line(error)}") from error
     model.eval()
-    quantize = quantization(dtype_setting, on_gpu)
-    model = speed_up(model, on_gpu=on_gpu, quantize=quantize)
-    released = release_load_leftovers()  # the file's pages and heap blocks nothing reads again (load_leftovers.py)
-    if released:
-        log.info("handed back %d MiB that loading left behind", released >> 20)
+    quantize = quantization(dtype_setting, on_gpu, decoder_linear_weights(model.config))
+    leftovers = LoadLeftovers()  # the file's pages and heap blocks nothing reads again (load_leftovers.py)
+    model = speed_up(model, on_gpu=on_gpu, quantize=quantize, between_layers=leftovers)
+    leftovers()
+    if leftovers.handed_back:
+        log.info("handed back %d MiB that loading left behind", leftovers.handed_back >> 20)
     grammars = GrammarEngine(tokenizer)
     # Logged once the model can answer (bench/bench_local.py times a second start of `qwenbot ask` to this line).
-    log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, quantize or model.dtype,
-             model.device, time.perf_counter() - started,
+    mode = quantize or str(model.dtype).removeprefix("torch.")
+    log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, mode, model.device, time.perf_counter() - started,
              f" from {converted}" if converted and converted.exists() else "")
-    return LoadedModel(model, tokenizer, grammars)
+    return LoadedModel(model, tokenizer, grammars, mode)
 
 
 def _from_pretrained(source: ModelSource, dtype: Any, device_map: str, cache_dir: Path | None = None,

@@ -37,6 +37,7 @@ from agent.llm.engine.admission import Admission
 from agent.llm.engine.batch import BatchRow, generate_rows, render_prompt
 from agent.llm.engine.grammar_masks import GrammarEngine, RowGrammar
 from agent.llm.engine.jobs import Job, JobQueue, resolve
+from agent.llm.engine.load_leftovers import trim_heap
 from agent.llm.engine.memory import PREFIX_CACHE_TOKENS, default_prefix_store_bytes
 from agent.llm.engine.prefix_store import PrefixStore
 from agent.llm.engine.speculative import SpeculativeLimits
@@ -52,6 +53,7 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     grammars: GrammarEngine | None = None  # None: grammars are refused (a test double)
+    mode: str = ""  # what MODEL_DTYPE runs as: a dtype's name, or int8/int4 (for logs and the bench)
 
 
 class ModelThread:
@@ -167,6 +169,10 @@ class ModelThread:
                 return
             self._paused = held + self._run_batch(loaded, resumed, admitted)
             self._current = [row.owner for row in self._paused]
+            if not self._paused and self._jobs.empty():
+                # Idle: a batch's activations were freed into glibc's heap, which keeps them (load_leftovers.py);
+                # handed back, the process holds what the model and the caches need, not its busiest moment's.
+                trim_heap()
 
     def _run_batch(self, loaded: LoadedModel, resumed: list[BatchRow], jobs: list[Job]) -> list[BatchRow]:
         """Generate for the resumed rows and every live new job in one batch; return the rows it paused. An error

@@ -16,7 +16,7 @@ module); none changes what the model is.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -31,9 +31,11 @@ from agent.llm.engine.linear_int8 import quantize_int8
 log = logging.getLogger(__name__)
 
 
-def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None) -> Any:
+def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None,
+             between_layers: Callable[[], Any] | None = None) -> Any:
     """The loaded `model` with the engine's layers in (the same object; quantizing replaces its linear layers);
-    `quantize`: "int8" or "int4" (MODEL_DTYPE, or what auto chose), on a model loaded in bf16 or fp32.
+    `quantize`: "int8" or "int4" (MODEL_DTYPE, or what auto chose), on a model loaded in bf16 or fp32;
+    `between_layers` is called after each layer stacked or quantized (loading hands back memory there).
 
     The private names the engine needs are checked once here (internals.py): before anything changes, that they
     are there; then, with a tiny batch, that the engine's batch cache and decode pass give what transformers'
@@ -44,7 +46,7 @@ def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None) -> Any:
     quantize = _usable(quantize)
     failure = internals.missing(model)
     if failure is not None:
-        _quantize(model, quantize)
+        _quantize(model, quantize, between_layers)
         internals.fall_back(model, failure)
         return model
     if not on_gpu and internals.attention_implementation(model) == "sdpa":
@@ -52,13 +54,13 @@ def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None) -> Any:
     if not on_gpu and (model.dtype == torch.bfloat16 or quantize):
         # one product for query/key/value, one for gate/up (linear_fused.py); stacked before quantizing: one
         # quantized product, one activation scale
-        fuse_projections(model)
+        fuse_projections(model, between_layers)
     if not on_gpu and model.dtype == torch.bfloat16 and not quantize:
         pack_linears(model)  # bf16 weights laid out once, not at every call (linear_bf16.py)
     if not on_gpu and model.dtype == torch.float32 and not quantize:
         use_short_input_linears(model)  # a decode step's products on every core (linear_fp32.py)
     failure = internals.cache_mismatch(model)  # on the float model (see `cache_mismatch`)
-    _quantize(model, quantize)
+    _quantize(model, quantize, between_layers)
     failure = failure or internals.pass_mismatch(model)
     if failure is not None:
         internals.fall_back(model, failure)
@@ -77,11 +79,11 @@ def _usable(quantize: str | None) -> str | None:
     return None
 
 
-def _quantize(model: Any, quantize: str | None) -> None:
+def _quantize(model: Any, quantize: str | None, between: Callable[[], Any] | None = None) -> None:
     output_int8 = bool(quantize) and internals.output_int8_fails() is None
     if quantize == "int4":
-        quantize_int4(model, output_in_int8=output_int8)
+        quantize_int4(model, output_in_int8=output_int8, between=between)
     elif quantize == "int8":
-        quantize_int8(model, output_weight_only=output_int8)
+        quantize_int8(model, output_weight_only=output_int8, between=between)
     if quantize and model.dtype == torch.bfloat16:
         log.info("%s weights; embedding, norms, attention and KV cache in bf16", quantize)
