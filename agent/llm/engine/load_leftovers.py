@@ -79,14 +79,16 @@ class LoadLeftovers:
                               if mapping.written_kb == 0]
         except OSError:
             self._mappings = []
-        self.handed_back = 0  # bytes, over all calls
 
     def __call__(self) -> None:
-        before = _resident("VmRSS")
         for mapping in self._mappings:
             _dont_need(mapping)
         _malloc_trim()
-        self.handed_back += max(before - _resident("VmRSS"), 0)
+
+    @staticmethod
+    def resident() -> tuple[int, int]:
+        """This process's resident memory now and at its peak, in bytes (0 where /proc is not there)."""
+        return _resident("VmRSS"), _resident("VmHWM")
 
 
 def trim_heap() -> int:

@@ -182,8 +182,9 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     leftovers = LoadLeftovers()  # the file's pages and heap blocks nothing reads again (load_leftovers.py)
     model = speed_up(model, on_gpu=on_gpu, quantize=quantize, between_layers=leftovers)
     leftovers()
-    if leftovers.handed_back:
-        log.info("handed back %d MiB that loading left behind", leftovers.handed_back >> 20)
+    now, peak = leftovers.resident()
+    if peak:
+        log.info("resident after loading: %d MiB (loading's peak %d MiB)", now >> 20, peak >> 20)
     grammars = GrammarEngine(tokenizer)
     # Logged once the model can answer (bench/bench_local.py times a second start of `qwenbot ask` to this line).
     mode = quantize or str(model.dtype).removeprefix("torch.")
