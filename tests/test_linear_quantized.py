@@ -190,3 +190,25 @@ async def test_int4_decodes_a_constrained_step_with_speculative_tokens_taken(int
     decision = parse_react(step.text, turn_tools)
     assert isinstance(decision, ToolRequest) and decision.input_error is None, step.text
     assert sum(taken) > 0  # the grammar's forced text was checked as speculative tokens and taken
+
+
+def test_auto_quantizes_to_int8_on_a_cpu_from_a_billion_decoder_weights_where_activations_keep_8_bits() -> None:
+    from agent.llm.engine.loading import INT8_FROM_WEIGHTS, quantization
+
+    eight_bits = internals.int8_activation_bits() == 8
+    assert quantization("auto", on_gpu=False, linear_weights=INT8_FROM_WEIGHTS) == ("int8" if eight_bits else None)
+    assert quantization("auto", on_gpu=False, linear_weights=INT8_FROM_WEIGHTS - 1) is None  # bf16 or fp32 below
+    assert quantization("auto", on_gpu=True, linear_weights=10 * INT8_FROM_WEIGHTS) is None  # bf16 on a GPU
+    assert quantization("bfloat16", on_gpu=False, linear_weights=10 * INT8_FROM_WEIGHTS) is None
+    assert quantization("int4", on_gpu=False) == "int4" and quantization("int8", on_gpu=False) == "int8"
+
+
+def test_int8_activations_keep_8_bits_where_the_product_does_not_overflow() -> None:
+    """The probe behind `auto`'s choice: with 8 bits the rounding of a row's activations is half of 7 bits'."""
+    linear = layer(out_features=256, in_features=512)
+    rows = torch.randn(6, 512).to(torch.bfloat16)
+    with torch.inference_mode():
+        got = Int8Linear(linear)(rows).float()
+    expected = torch.nn.functional.linear(rows.float(), Int8Linear.rounded(linear.weight), linear.bias.float())
+    error = float((got - expected).abs().max() / expected.abs().max())
+    assert error < (0.012 if internals.int8_activation_bits() == 8 else 0.03)

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from agent.llm.engine.load_leftovers import release_file_pages, trim_heap, weight_file_mappings
+from agent.llm.engine.load_leftovers import LoadLeftovers, release_file_pages, trim_heap, weight_file_mappings
 
 SMAPS = Path("/proc/self/smaps")
 pytestmark = pytest.mark.skipif(not SMAPS.exists(), reason="Linux's /proc/self/smaps: nothing is released elsewhere")
@@ -59,3 +59,16 @@ def test_freed_blocks_of_the_heap_are_given_back() -> None:
     del blocks[:-1]
     assert trim_heap() >= 64 << 20
     assert int(blocks[0].sum()) == 8 << 20  # the block in use is untouched
+
+
+def test_loading_hands_the_files_pages_back_each_time_a_layer_is_laid_out(tmp_path: Path) -> None:
+    weight, path = mapped_weight(tmp_path, "layers")
+    leftovers = LoadLeftovers()  # after from_pretrained: the mapping is there, unwritten
+    leftovers()
+    assert mapping_of(path).resident_kb < 1 << 10
+    assert torch.equal(weight, torch.arange(4 << 20, dtype=torch.float32))  # a later layer reads the file again
+    assert mapping_of(path).resident_kb >= 16 << 10
+    leftovers()
+    assert mapping_of(path).resident_kb < 1 << 10
+    now, peak = LoadLeftovers.resident()
+    assert 0 < now <= peak

@@ -68,7 +68,7 @@ def weight_file_mappings(smaps: str, suffix: str = ".safetensors") -> list[FileM
 class LoadLeftovers:
     """Hands back the file's pages and the heap's free blocks each time it is called: between the layers the engine
     lays out (weights.py) and once at the end, so that loading holds about one layer's copies at a time rather than
-    every page of the file and every stacked copy at once (at the 1.5B shape its peak fell from 6.7 GB).
+    every page of the file and every stacked copy at once (at the 1.5B shape, int8: 3.9 GB instead of 6.7).
 
     The file's mappings are read, and checked unwritten, once, when from_pretrained is done; the engine's layers
     never write into the loaded weights (they make new tensors), so they stay unwritten."""
