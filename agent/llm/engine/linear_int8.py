@@ -1,10 +1,10 @@
-"""int8 linear layers on a CPU (MODEL_DTYPE=int8, and what `auto` picks on CPUs with VNNI or AMX): weights per
-output channel, activations quantized at every product, per row.
+"""int8 linear layers on a CPU (MODEL_DTYPE=int8, and what `auto` picks from 1.5B up on CPUs with VNNI or AMX):
+weights per output channel, activations quantized at every product, per row.
 
 On a CPU decoding reads every weight once per token, so int8 weights (half of bf16's bytes, a quarter of fp32's)
 make a step faster, and fbgemm's int8 kernels are the fastest products torch has on a CPU at every batch width we
 measured, prompts included (bench/README.md § Linear layers). fbgemm scales a product's activations over the whole
-tensor; each row is handed to it divided by its own largest magnitude (`per_row_range`), so every row (token) is
+tensor; each row is handed to it divided by its own largest magnitude (`Int8Linear.forward`), so every row (token) is
 rounded on its own scale: finer than one scale for the batch, and a row's outputs do not depend on its batch
 neighbours. Outputs still differ a little from fp32's (8-bit activations where the CPU has VNNI, else 7:
 internals.int8_activation_bits).
