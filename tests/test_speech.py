@@ -29,7 +29,7 @@ from bot.program.services import build_transcriber
 from tests.fakes.openai_server import HANG, FakeOpenAIServer, error
 from tests.real_speech import QUESTION_EN, ROOT, real_asr_test, recording, whisper_folder
 
-EN_SECONDS = 2.867  # opusinfo's playback length of question_en.ogg
+EN_SECONDS = 2.867  # opusinfo's playback length of question_en.ogg: the recording's length, not a time taken
 
 
 def png_bytes() -> bytes:

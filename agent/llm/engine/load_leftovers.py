@@ -19,6 +19,7 @@ Linux with glibc only; elsewhere nothing happens.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -107,10 +108,18 @@ def release_file_pages(smaps_path: Path = Path("/proc/self/smaps")) -> int:
     return sum(mapping.resident_kb << 10 for mapping in mappings if mapping.releasable and _dont_need(mapping))
 
 
-def _dont_need(mapping: FileMapping) -> bool:
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, opened once (it is asked after every layer while loading and whenever the engine idles)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        return ctypes.CDLL(None, use_errno=True)
     except OSError:
+        return None
+
+
+def _dont_need(mapping: FileMapping) -> bool:
+    libc = _libc()
+    if libc is None:
         return False
     if libc.madvise(ctypes.c_void_p(mapping.start), ctypes.c_size_t(mapping.end - mapping.start), MADV_DONTNEED):
         log.info("could not release %s's pages: errno %d", mapping.path, ctypes.get_errno())
@@ -119,10 +128,9 @@ def _dont_need(mapping: FileMapping) -> bool:
 
 
 def _malloc_trim() -> None:
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    trim = getattr(_libc(), "malloc_trim", None)  # glibc only
+    if trim is not None:
+        trim(0)
 
 
 def _resident(field: str) -> int:
