@@ -6,9 +6,8 @@
                                                                                                   weights.py
     Module._forward_hooks, _forward_pre_hooks,       a module with a hook keeps the model's own   forward_pass.py
       accelerate's _hf_hook                          forward (the pass calls past hooks)
-    torch.ops.quantized.linear_prepack,              int8 weights packed for fbgemm, and their    linear_int8.py
-      linear_dynamic (and quantize_per_channel,      product (activations quantized per call)
-      deprecated with quantized tensors)
+    torch.ops.onednn.qlinear_prepack,                int8 weights packed for oneDNN, and their    linear_int8.py
+      qlinear_pointwise                              product with uint8 activations
     torch.ops.aten._weight_int8pack_mm               the output layer's int8 weights, activations linear_int8.py
                                                      as they are
     torch.ops.aten._convert_weight_to_int4pack_for_cpu,  int4 weights packed for torch's CPU      linear_int4.py
@@ -72,49 +71,41 @@ def has_hooks(module: Any) -> bool:
     return bool(hasattr(module, "_hf_hook") or module._forward_hooks or module._forward_pre_hooks)
 
 
-def int8_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
-    """`weight` (2-D, float) in int8, symmetric per output channel, packed with `bias` for fbgemm's product.
-
-    fbgemm's int8 product is the fastest CPU product torch has at every batch width measured (bench/README.md §
-    Linear layers), but it is reached only through quantized tensors, which torch deprecates: hence this guard.
-    """
-    import warnings
-
+def int8_pack(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`weight` (2-D, float) in int8, symmetric per output channel, laid out once for oneDNN's int8 product:
+    (the packed weight, its float32 scales, its zero points). The packed weight is oneDNN's own opaque tensor, one
+    byte a weight (fbgemm's, which this replaced, kept the quantized weight beside its packed copy: two)."""
     weight = weight.detach().float()
-    scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
-    zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the deprecation notice of quantized tensors, once per layer
-        quantized = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
-    return torch.ops.quantized.linear_prepack(quantized, None if bias is None else bias.detach().float())
+    scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    levels = (weight / scales[:, None]).round_().clamp_(-128, 127).to(torch.int8)
+    return torch.ops.onednn.qlinear_prepack(levels, None), scales, torch.zeros(weight.shape[0], dtype=torch.long)
 
 
-def int8_linear(flat: torch.Tensor, packed: Any) -> torch.Tensor:
-    """`F.linear` of 2-D float32 `flat` with an `int8_pack`ed weight: the activations quantized per call over the
-    whole of `flat`, in `int8_activation_bits()` bits."""
-    return torch.ops.quantized.linear_dynamic(flat, packed, reduce_range=int8_activation_bits() == 7)
+def int8_linear(activations: torch.Tensor, zero_point: int, packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                out_dtype: torch.dtype) -> torch.Tensor:
+    """The product of uint8 `activations` [rows, in] (each `level + zero_point`, scale 1) with an `int8_pack`ed
+    weight, in `out_dtype`: sums of integers, exact, times each output's weight scale."""
+    weight, scales, zero_points = packed
+    return torch.ops.onednn.qlinear_pointwise(activations, 1.0, zero_point, weight, scales, zero_points, None, 1.0, 0,
+                                              out_dtype, "none", [], "")
 
 
 @functools.cache
 def int8_activation_bits() -> int:
-    """8 where fbgemm's int8 product takes 8-bit activations without overflow on this CPU, else 7.
+    """8 where oneDNN's int8 product takes 8-bit activations without overflow on this CPU, else 7.
 
-    Without VNNI fbgemm sums pairs of 8-bit products in 16 bits, which overflow at full range; hence its
-    `reduce_range` (7 bits) on x86. With VNNI (or AMX) the sums are 32-bit and the eighth bit halves the rounding of
-    every activation (on the test model 46% of float32's tokens kept instead of 12%: bench/README.md § MODEL_DTYPE).
-    Tried once, on the product that overflows: every activation at the top of its range, every weight at its
-    largest level."""
-    import warnings
-
+    Without VNNI the x86 int8 kernels sum pairs of 8-bit products in 16 bits, which saturate at full range (uint8
+    activations up to 255 against weights at ±127); with VNNI (or AMX) the sums are 32-bit. The eighth bit halves the
+    rounding of every activation (on the test model 46% of float32's tokens kept instead of 12%: bench/README.md §
+    MODEL_DTYPE). Tried once, on the product that overflows: every activation and every weight at its largest level."""
     try:
-        packed = int8_pack(torch.full((16, 64), 0.05), None)
-        probe = torch.stack([torch.ones(64), -torch.ones(64)])  # the range [-1, 1], row 0 all at its top
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            got = torch.ops.quantized.linear_dynamic(probe, packed, reduce_range=False)[0]
+        packed = int8_pack(torch.full((16, 64), 0.05))
+        top = torch.full((1, 64), 255, dtype=torch.uint8)  # level 127 above the zero point 128
+        got = int8_linear(top, 128, packed, torch.float32)
     except (AttributeError, RuntimeError, NotImplementedError):
         return 7
-    return 8 if float((got - 64 * 0.05).abs().max()) < 0.01 * 64 * 0.05 else 7
+    expected = 64 * 127 * 0.05  # 64 products of level 127 (scale 1) and 0.05
+    return 8 if float((got - expected).abs().max()) < 0.01 * expected else 7
 
 
 def int8_weight_only_linear(flat: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -1,17 +1,18 @@
-"""int8 linear layers on a CPU (MODEL_DTYPE=int8, and what `auto` picks from 1.5B up on CPUs with VNNI or AMX):
-weights per output channel, activations quantized at every product, per row.
+"""int8 linear layers on a CPU (MODEL_DTYPE=int8, and what `auto` picks on CPUs with VNNI or AMX from the
+0.5B size up): weights per output channel, activations quantized at every product, per row.
 
 On a CPU decoding reads every weight once per token, so int8 weights (half of bf16's bytes, a quarter of fp32's)
-make a step faster, and fbgemm's int8 kernels are the fastest products torch has on a CPU at every batch width we
-measured, prompts included (bench/README.md § Linear layers). fbgemm scales a product's activations over the whole
-tensor; each row is handed to it divided by its own largest magnitude (`Int8Linear.forward`), so every row (token) is
-rounded on its own scale: finer than one scale for the batch, and a row's outputs do not depend on its batch
-neighbours. Outputs still differ a little from fp32's (8-bit activations where the CPU has VNNI, else 7:
-internals.int8_activation_bits).
+make a step faster, and with VNNI the integer products are faster than bf16's too, prompts included. Each row
+(token) of a product's input is rounded to 8 bits on a scale of its own, its largest magnitude: finer than one
+scale for the batch, and a row's outputs never depend on its batch neighbours (the integer sums are exact). Where
+the CPU has no VNNI the activations keep 7 bits (internals.int8_activation_bits).
 
-torch reaches fbgemm's int8 product only through quantized tensors, which it deprecates, and torchao's int8 layouts
-run on a CPU 20-50 times slower (bench/README.md). So the kernel is called directly, through internals.py, which
-checks it once at load (`int8_fails`); where it is gone the layers stay as loaded, with one log line.
+The product is oneDNN's (`torch.ops.onednn.qlinear_*`, what PyTorch's own compiler emits for int8 models on x86),
+its weight laid out once at load, one byte a weight. The activations are quantized here, not by the kernel, since
+oneDNN takes one scale per tensor. It replaced fbgemm's dynamic product, which torch reaches only through the
+deprecated quantized tensors, kept a second copy of every weight, and scaled the whole batch as one (bench/README.md
+§ Linear layers). The kernel is reached through internals.py, which checks it once at load (`int8_fails`); where
+it is gone the layers stay as loaded, with one log line.
 
 `quantize_linears` replaces the layers one at a time, so the float weights of one layer at most are held twice.
 """
@@ -22,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from agent.llm.engine.internals import int8_linear, int8_pack, int8_weight_only_linear
+from agent.llm.engine.internals import int8_activation_bits, int8_linear, int8_pack, int8_weight_only_linear
 
 # The self-test's bound (internals.py): the product's largest difference from `F.linear` over the de-quantized
 # weight, as a share of the largest output. Seven-bit activations give about 0.02; a wrong layout gives ~1.
@@ -31,29 +32,27 @@ OUTPUT_TOLERANCE = 0.02  # the output layer's product: bf16 inputs, bf16 scales
 
 
 class Int8Linear(torch.nn.Module):
-    """`nn.Linear`'s forward with its weight in int8 (packed for fbgemm); inputs and outputs in the model's dtype
-    (the product itself takes float32)."""
+    """`nn.Linear`'s forward with its weight in int8 (packed for oneDNN); inputs and outputs in the model's dtype."""
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
-        self.packed = int8_pack(linear.weight, None)  # an fbgemm object, not a tensor: no buffer
+        self.packed = int8_pack(linear.weight)  # oneDNN's opaque tensor and its scales: not a state_dict's buffer
         self.bias = linear.bias  # added after the rows are scaled back (see forward)
-        self.register_buffer("range_row", range_row(linear.in_features), persistent=False)
+        self.levels = (1 << (int8_activation_bits() - 1)) - 1  # 127, or 63 where 8 bits would overflow
         self.nbytes = linear.out_features * (linear.in_features + 4)  # the int8 weight and its scales
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        # Each row divided by its largest magnitude, and `range_row` below them: fbgemm quantizes the activations
-        # over the whole tensor, whose range is then [-1, 1] whatever the batch holds, so each row is rounded on
-        # a scale of its own (per token, finer than per batch) and its outputs do not depend on its neighbours.
-        # The product is linear: the rows' outputs are scaled back (the bias after), the range row's dropped.
-        flat = inputs.reshape(-1, self.in_features).to(torch.float32, copy=True)  # its own: divided in place
-        scales = row_scales(flat)
-        output = int8_linear(torch.cat([flat.div_(scales), self.range_row]), self.packed)[:-1] * scales
+        # Each row on a scale of its own (its largest magnitude at the top level), shifted to uint8 around a zero
+        # point; the product's integer sums are exact, so its outputs are scaled back per row (the bias after).
+        flat = inputs.reshape(-1, self.in_features).to(torch.float32, copy=True)  # its own: rounded in place
+        scales = row_scales(flat).div_(self.levels)
+        activations = flat.div_(scales).round_().add_(self.levels + 1).to(torch.uint8)
+        output = int8_linear(activations, self.levels + 1, self.packed, self.out_dtype).mul_(scales.to(self.out_dtype))
         if self.bias is not None:
-            output = output + self.bias
-        return output.to(self.out_dtype).reshape(*inputs.shape[:-1], self.out_features)
+            output = output.add_(self.bias)
+        return output.reshape(*inputs.shape[:-1], self.out_features)
 
     @staticmethod
     def rounded(weight: torch.Tensor) -> torch.Tensor:
@@ -104,13 +103,6 @@ def row_scales(flat: torch.Tensor) -> torch.Tensor:
     """Each row's largest magnitude ([rows, 1]; at least the smallest normal float, so that a row of zeros stays
     zeros). abs-then-amax on float32: torch's infinity-norm took 4-14 times as long on bf16 rows."""
     return flat.abs().amax(dim=1, keepdim=True).clamp_min_(torch.finfo(flat.dtype).tiny)
-
-
-def range_row(in_features: int) -> torch.Tensor:
-    """The row [-1, 0, …, 0, 1] (float32, [1, in_features]): with it the activations' range is [-1, 1]."""
-    row = torch.zeros(1, in_features)
-    row[0, 0], row[0, -1] = -1.0, 1.0
-    return row
 
 
 def output_layer(model: Any) -> torch.nn.Module | None:

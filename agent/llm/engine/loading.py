@@ -79,17 +79,17 @@ def choose_dtype(setting: str, on_gpu: bool) -> Any:
     return getattr(torch, setting)
 
 
-# `auto` quantizes to int8 on a CPU from this many weights in the decoder's linear layers (Qwen2.5-1.5B has 1.3
-# billion, 0.5B 0.36 billion). Side by side (bench/README.md § MODEL_DTYPE=auto): at the 1.5B shape int8 made one
-# chat's turn 9.2 s against bf16's 12.7 (llama-server 9.3) in 0.7x bf16's memory; at 0.5B and 135M, where a step's
-# fixed costs outweigh its weight reads, bf16 was faster with 8 chats (2.13x llama-server against 1.75x at 0.5B).
-INT8_FROM_WEIGHTS = 1_000_000_000
+# `auto` quantizes to int8 on a CPU from this many weights in the decoder's linear layers (Qwen2.5-0.5B has 0.36
+# billion, 1.5B 1.3, SmolLM2-135M 0.11). A whole pass's products, oneDNN int8 against packed bf16 (bench/README.md §
+# Linear layers): at the 0.5B shape 0.63-0.82x bf16's time at every width from 1 row to 512, at 1.5B less; at
+# 135M 1.17x at 1 row and 1.28x at 8, where quantizing each input costs more than the weights' reads save.
+INT8_FROM_WEIGHTS = 250_000_000
 
 
 def quantization(setting: str, on_gpu: bool, linear_weights: int = 0) -> str | None:
     """"int8" or "int4" where MODEL_DTYPE `setting` quantizes the linear layers, else None.
 
-    `auto` on a CPU is int8 for a model with `linear_weights` of INT8_FROM_WEIGHTS or more, where fbgemm's product
+    `auto` on a CPU is int8 for a model with `linear_weights` of INT8_FROM_WEIGHTS or more, where the int8 product
     keeps 8-bit activations (VNNI or AMX: internals.py). The evidence (bench/README.md § MODEL_DTYPE=auto): on the
     test model int8 scored 21/38 on the eval against float32's 19 and bf16's 20; each row's activations are scaled
     on their own (linear_int8.py), so a row's tokens do not depend on its batch neighbours. Where only 7 bits fit

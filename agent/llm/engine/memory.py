@@ -2,9 +2,8 @@
 the prefix store's default size.
 
     part           bound
-    weights        linear layers by MODEL_DTYPE (fp32 4 bytes a weight, bf16 2, int8 2, int4 0.625), the embedding
-                   and norms in the model's dtype; bf16 on a CPU also packs a copy of a tied output layer. int8 is
-                   2, not 1: fbgemm keeps the quantized weight beside its packed copy (measured: 1.7 bytes). The
+    weights        linear layers by MODEL_DTYPE (fp32 4 bytes a weight, bf16 2, int8 1, int4 0.625), the embedding
+                   and norms in the model's dtype; bf16 on a CPU also packs a copy of a tied output layer. The
                    embedding is an upper bound: after loading it is read through the file's mapping, a page at a
                    time (load_leftovers.py)
     prefix store   PREFIX_CACHE_MB, or by default the KV of PREFIX_CACHE_TOKENS tokens of this model
@@ -31,7 +30,7 @@ RUNTIME_BYTES = 420 << 20
 # The context a row is assumed to reach in the estimate: a ReAct turn's prompt (system prompt, tools, history)
 # and its reply.
 CONTEXT_TOKENS = 2048
-BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 2.0, "int4": 0.625}
+BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.625}
 
 
 @dataclass(frozen=True)
