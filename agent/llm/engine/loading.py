@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from agent.errors import ModelLoadError
 from agent.llm.base import MODEL_DTYPES
+from agent.llm.engine.check_record import CheckRecord
 from agent.llm.engine.load_leftovers import LoadLeftovers
 from agent.llm.engine.grammar_masks import GrammarEngine
 from agent.llm.engine.hub import hub_load_options
@@ -180,7 +181,8 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     model.eval()
     quantize = quantization(dtype_setting, on_gpu, decoder_linear_weights(model.config))
     leftovers = LoadLeftovers()  # the file's pages and heap blocks nothing reads again (load_leftovers.py)
-    model = speed_up(model, on_gpu=on_gpu, quantize=quantize, between_layers=leftovers)
+    model = speed_up(model, on_gpu=on_gpu, quantize=quantize, between_layers=leftovers,
+                     checks=CheckRecord(converted_dir) if converted_dir is not None else None)
     leftovers()
     now, peak = leftovers.resident()
     if peak:

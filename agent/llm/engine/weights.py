@@ -22,6 +22,7 @@ import torch
 
 from agent.llm.engine import internals
 from agent.llm.engine.attention import use_decode_attention
+from agent.llm.engine.check_record import CheckRecord, fingerprint
 from agent.llm.engine.linear_bf16 import pack_linears
 from agent.llm.engine.linear_fp32 import use_short_input_linears
 from agent.llm.engine.linear_fused import fuse_projections
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None,
-             between_layers: Callable[[], Any] | None = None) -> Any:
+             between_layers: Callable[[], Any] | None = None, checks: CheckRecord | None = None) -> Any:
     """The loaded `model` with the engine's layers in (the same object; quantizing replaces its linear layers);
     `quantize`: "int8" or "int4" (MODEL_DTYPE, or what auto chose), on a model loaded in bf16 or fp32;
     `between_layers` is called after each layer stacked or quantized (loading hands back memory there).
@@ -41,7 +42,8 @@ def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None,
     are there; then, with a tiny batch, that the engine's batch cache and decode pass give what transformers'
     forward and cache give (the cache before int8 quantizing: see `cache_mismatch`). Where a check fails, the model
     runs on transformers' own attention, forward and cache (with its linear layers as loaded, where the names were
-    missing), and one log line says why.
+    missing), and one log line says why. With `checks`, a model that passed the two checks with a batch before
+    (same libraries, engine code, model, dtype and CPU: check_record.py) skips them.
     """
     quantize = _usable(quantize)
     failure = internals.missing(model)
@@ -59,11 +61,15 @@ def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None,
         pack_linears(model)  # bf16 weights laid out once, not at every call (linear_bf16.py)
     if not on_gpu and model.dtype == torch.float32 and not quantize:
         use_short_input_linears(model)  # a decode step's products on every core (linear_fp32.py)
-    failure = internals.cache_mismatch(model)  # on the float model (see `cache_mismatch`)
+    known = fingerprint(model, quantize) if checks is not None else ""
+    passed_before = bool(known) and checks.passed(known)  # type: ignore[union-attr]
+    failure = None if passed_before else internals.cache_mismatch(model)  # on the float model (`cache_mismatch`)
     _quantize(model, quantize, between_layers)
-    failure = failure or internals.pass_mismatch(model)
+    failure = failure or (None if passed_before else internals.pass_mismatch(model))
     if failure is not None:
         internals.fall_back(model, failure)
+    elif known and not passed_before:
+        checks.remember(known)  # type: ignore[union-attr]
     return model
 
 
