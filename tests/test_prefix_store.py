@@ -18,6 +18,7 @@ from agent.llm.base import ModelRequest
 from agent.llm.engine.kv_cache import batch_cache
 from agent.llm.engine.batch import cache_argument, lay_out
 from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear
+from agent.llm.engine.check_record import RECORD_FILE
 from agent.llm.engine.loading import converted_folder, load_model, resolve_model
 from agent.llm.local import LocalLLM
 from agent.llm.engine.prefix_store import Hit, PrefixStore
@@ -111,7 +112,8 @@ async def test_the_first_start_converts_the_gguf_and_the_second_loads_the_conver
     plain, cached, converted = backends
     folder = converted_folder(resolve_model(str(GGUF)), torch.float32, converted)
     assert folder is not None and (folder / "converted.ok").is_file() and (folder / "config.json").is_file()
-    assert [path.name for path in converted.iterdir()] == [folder.name]  # no half-written copy left behind
+    # no half-written copy left behind; beside the copy, the record of the load checks it passed (check_record.py)
+    assert sorted(path.name for path in converted.iterdir()) == sorted([folder.name, RECORD_FILE])
     reply = await cached.complete(ModelRequest([{"role": "user", "content": "What is the capital of France?"}],
                                                max_new_tokens=8))
     assert reply.text.startswith("The capital of France is")  # the converted copy is the same model
