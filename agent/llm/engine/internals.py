@@ -71,14 +71,12 @@ def has_hooks(module: Any) -> bool:
     return bool(hasattr(module, "_hf_hook") or module._forward_hooks or module._forward_pre_hooks)
 
 
-def int8_pack(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`weight` (2-D, float) in int8, symmetric per output channel, laid out once for oneDNN's int8 product:
-    (the packed weight, its float32 scales, its zero points). The packed weight is oneDNN's own opaque tensor, one
-    byte a weight (fbgemm's, which this replaced, kept the quantized weight beside its packed copy: two)."""
-    weight = weight.detach().float()
-    scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
-    levels = (weight / scales[:, None]).round_().clamp_(-128, 127).to(torch.int8)
-    return torch.ops.onednn.qlinear_prepack(levels, None), scales, torch.zeros(weight.shape[0], dtype=torch.long)
+def int8_pack(levels: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An int8 weight ([out, in] levels, float32 scale per output) laid out once for oneDNN's int8 product: (the
+    packed weight, its scales, its zero points). The packed weight is oneDNN's own opaque tensor, one byte a weight
+    (fbgemm's, which this replaced, kept the quantized weight beside its packed copy: two)."""
+    zero_points = torch.zeros(levels.shape[0], dtype=torch.long)
+    return torch.ops.onednn.qlinear_prepack(levels, None), scales, zero_points
 
 
 def int8_linear(activations: torch.Tensor, zero_point: int, packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -99,7 +97,7 @@ def int8_activation_bits() -> int:
     rounding of every activation (on the test model 46% of float32's tokens kept instead of 12%: bench/README.md §
     MODEL_DTYPE). Tried once, on the product that overflows: every activation and every weight at its largest level."""
     try:
-        packed = int8_pack(torch.full((16, 64), 0.05))
+        packed = int8_pack(torch.full((16, 64), 127, dtype=torch.int8), torch.full((16,), 0.05 / 127))
         top = torch.full((1, 64), 255, dtype=torch.uint8)  # level 127 above the zero point 128
         got = int8_linear(top, 128, packed, torch.float32)
     except (AttributeError, RuntimeError, NotImplementedError):

@@ -38,7 +38,7 @@ class Int8Linear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
-        self.packed = int8_pack(linear.weight)  # oneDNN's opaque tensor and its scales: not a state_dict's buffer
+        self.packed = int8_pack(*per_channel_int8(linear.weight))  # oneDNN's opaque tensor: not a buffer
         self.bias = linear.bias  # added after the rows are scaled back (see forward)
         self.levels = (1 << (int8_activation_bits() - 1)) - 1  # 127, or 63 where 8 bits would overflow
         self.nbytes = linear.out_features * (linear.in_features + 4)  # the int8 weight and its scales
@@ -73,9 +73,8 @@ class OutputInt8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()
-        scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
-        self.register_buffer("weight_int8", (weight / scales[:, None]).round().clamp(-128, 127).to(torch.int8))
+        levels, scales = per_channel_int8(linear.weight)
+        self.register_buffer("weight_int8", levels)
         self.register_buffer("scales", scales.to(linear.weight.dtype))
         self.bias = linear.bias
         self.nbytes = self.weight_int8.nbytes + self.scales.nbytes
@@ -97,6 +96,20 @@ class OutputInt8Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+
+
+def per_channel_int8(weight: torch.Tensor, rows: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` [out, in] as int8 levels, symmetric per output (row), and each row's float32 scale: `rounded`'s
+    levels. Computed `rows` rows at a time in float32, which stay in the CPU's cache: ten times faster at the 1.5B
+    shape than the whole weight at once (a second start of it spent 5 of its 14 s there)."""
+    levels = torch.empty(weight.shape, dtype=torch.int8)
+    scales = torch.empty(weight.shape[0])
+    for start in range(0, weight.shape[0], rows):
+        block = weight[start:start + rows].detach().float()
+        block_scales = block.abs().amax(dim=1, keepdim=True).div_(127).clamp_(min=1e-12)
+        levels[start:start + rows] = block.div_(block_scales).round_().clamp_(-128, 127)  # whole numbers: exact
+        scales[start:start + rows] = block_scales.squeeze(1)
+    return levels, scales
 
 
 def row_scales(flat: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,6 @@ from agent.llm.base import MODEL_DTYPES
 from agent.llm.engine.check_record import CheckRecord
 from agent.llm.engine.load_leftovers import LoadLeftovers
 from agent.llm.engine.grammar_masks import GrammarEngine
-from agent.llm.engine.hub import hub_load_options
 from agent.llm.engine.model_thread import LoadedModel
 from agent.llm.engine.weights import speed_up
 
@@ -143,6 +142,8 @@ def load_options(source: ModelSource, cache_dir: Path | None) -> dict[str, Any]:
     if source.gguf_file:
         return {"gguf_file": source.gguf_file}
     if source.hub:
+        from agent.llm.engine.hub import hub_load_options  # here: httpx and the hub client cost a start 0.15 s
+
         return hub_load_options(source.location, cache_dir)
     return {}
 
