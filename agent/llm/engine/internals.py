@@ -73,8 +73,7 @@ def has_hooks(module: Any) -> bool:
 
 def int8_pack(levels: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An int8 weight ([out, in] levels, float32 scale per output) laid out once for oneDNN's int8 product: (the
-    packed weight, its scales, its zero points). The packed weight is oneDNN's own opaque tensor, one byte a weight
-    (fbgemm's, which this replaced, kept the quantized weight beside its packed copy: two)."""
+    packed weight, its scales, its zero points). The packed weight is oneDNN's own opaque tensor, one byte a weight."""
     zero_points = torch.zeros(levels.shape[0], dtype=torch.long)
     return torch.ops.onednn.qlinear_prepack(levels, None), scales, zero_points
 
