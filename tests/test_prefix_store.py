@@ -80,20 +80,6 @@ def test_an_entry_larger_than_the_budget_is_not_kept_and_a_zero_budget_keeps_not
     assert len(off) == 0 and off.longest([1, 2, 3, 4]).length == 0
 
 
-def test_an_entry_a_row_takes_whole_leaves_the_store_and_one_it_takes_in_part_stays() -> None:
-    """The row's KV holds what it took whole, and stores it again (contained in its own sequence) when it ends;
-    a prefix it shares only in part may be another chat's, so it stays."""
-    store = PrefixStore(budget_bytes=1 << 20)
-    store.put([1, 2, 3, 4], kv(4))  # chat A's first call
-    store.put([1, 2, 9, 9], kv(4))  # chat B's
-    whole, part = store.longest([1, 2, 3, 4, 5]), store.longest([1, 2, 9, 7])
-    assert (whole.length, part.length) == (4, 3)
-    store.hand_over([whole, part])
-    assert len(store) == 1 and store.nbytes == sum(k.nbytes + v.nbytes for k, v in kv(4))
-    assert store.longest([1, 2, 3, 4, 5]).length == 2  # A's own tokens are gone; the part B shares is not
-    assert store.longest([1, 2, 9, 9, 5]).length == 4
-
-
 # --- the real model --------------------------------------------------------------------------------------------
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -109,12 +95,6 @@ async def backends(tmp_path_factory):
     yield plain, cached, converted
     await plain.close()
     await cached.close()
-
-
-async def idle(llm: LocalLLM) -> None:
-    """Until the model thread has ended its batch."""
-    while llm.activity().working:
-        await asyncio.sleep(0.01)
 
 
 def react_turn(question: str, history: tuple[dict, ...] = (), layout: str = "system") -> list[dict]:
@@ -226,44 +206,7 @@ async def test_a_hundred_turns_keep_the_cache_within_its_budget(backends) -> Non
         await cached.complete(ModelRequest([*first, {"role": "assistant", "content": reply.text + " so"}],
                                            max_new_tokens=1))
         assert store.nbytes <= store.budget_bytes
-    await idle(cached)
     assert 0 < len(store) < 100
-
-
-@real_model_test
-async def test_a_running_chat_holds_its_prefix_once_and_stores_it_again_when_it_ends(backends) -> None:
-    """While a chat's next call runs, its earlier sequence lives in the batch's cache, not also in the store; when
-    the call ends, the store holds the longer sequence, so the call after it still computes only its new text."""
-    _, cached, _ = backends
-    kept = cached._thread.prefix_store
-    store = cached._thread.prefix_store = PrefixStore(budget_bytes=64 << 20)
-    try:
-        await _run_a_chat_of_three_calls(cached, store)
-    finally:
-        cached._thread.prefix_store = kept  # the tests after this one count on what the earlier ones left
-
-
-async def _run_a_chat_of_three_calls(cached: LocalLLM, store: PrefixStore) -> None:
-    first = react_turn("What is 6 * 7?")
-    reply = await cached.complete(ModelRequest(first, stop=STOP, max_new_tokens=8))
-    await idle(cached)  # a row's answer comes back at once; its batch stores its KV as it ends
-    assert len(store) == 1
-    held_after_first = store.nbytes
-    second = continued(first, reply.text, "42")
-    logged: list[str] = []
-    with worker_log_watched(logged.append):
-        running = asyncio.create_task(cached.complete(ModelRequest(second, max_new_tokens=64)))
-        while not any(message.startswith("batch of 1:") for message in logged):
-            await asyncio.sleep(0.01)  # until the second call is being generated
-        held_while_running = store.nbytes
-        await running
-        await idle(cached)
-    assert held_while_running == 0 < held_after_first
-    assert len(store) == 1 and store.nbytes > held_after_first
-    third = continued(second, "Action: calculator", "7")
-    computed_before = store.computed_tokens
-    await cached.complete(ModelRequest(third, stop=STOP, max_new_tokens=1))
-    assert store.computed_tokens - computed_before < 40  # only the text past the second call's sequence
 
 
 @real_model_test

@@ -43,7 +43,7 @@ from agent.llm.engine.attention import reads_shared_prefix
 from agent.llm.engine.decode_loop import Decoding, cache_argument, decode
 from agent.llm.engine.grammar_masks import GrammarEngine, RowGrammar
 from agent.llm.engine.kv_cache import KV_DTYPE, batch_cache, cache_holding, shared_columns
-from agent.llm.engine.prefix_store import CachedPrefix, Hit, Layers, PrefixStore
+from agent.llm.engine.prefix_store import CachedPrefix, Hit, PrefixStore
 from agent.llm.engine.speculative import PromptLookup, SpeculativeLength, SpeculativeLimits
 from agent.llm.engine.text_stream import TextStream
 
@@ -236,8 +236,6 @@ def generate_rows(model: Any, tokenizer: Any, rows: list[BatchRow], min_new_toke
         # Columns every row holds the same KV for, read once a step; only looked for where the attention would.
         kv_dtype = getattr(model, KV_DTYPE, None) or model.dtype
         shared = shared_columns(hits) if reads_shared_prefix(model, kv_dtype) else 0
-        store.hand_over(hits)
-        del hits  # the batch's cache holds the prefixes now: what the store let go is freed before decoding
         log.debug("batch of %d: reused %s prompt tokens, %d columns the same in every row, computed %d columns",
                   len(rows), layout.reused, shared, layout.input_ids.shape[1] - layout.cached)
         # Without a store (PREFIX_CACHE_MB=0) a batch runs to its end: the plain mode.
@@ -330,23 +328,15 @@ def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: Prefi
 def _store_rows(rows: list[BatchRow], mask: torch.Tensor, cache: DynamicCache, store: PrefixStore) -> None:
     """Keep each row's KV, its whole sequence so far: a finished row's in the store, for its chat's next call; a
     paused row's on the row, for its next batch (whatever the store's budget). A row's tokens are the columns its
-    mask shows, in order (padding and a guess's rejected positions are not).
-
-    The batch's cache is let go a layer at a time as the rows' KV is copied out of it, so that the copies never
-    stand beside the whole cache: the batch's end was the engine's peak of memory (bench/README.md § Memory)."""
-    keeping = [index for index, row in enumerate(rows) if not row.finished or store.budget_bytes]
-    columns = [mask[index].nonzero().squeeze(1) for index in keeping]
-    kept: list[Layers] = [[] for _ in keeping]
-    while cache.layers:
-        layer = cache.layers.pop(0)
-        for index, own_columns, layers in zip(keeping, columns, kept):
-            own_columns = own_columns.to(layer.keys.device)
-            layers.append((layer.keys[index:index + 1].index_select(2, own_columns),
-                           layer.values[index:index + 1].index_select(2, own_columns)))
-        del layer  # the last reference to this layer's part of the batch's cache
-    for index, own_columns, layers in zip(keeping, columns, kept):
-        row = rows[index]
-        tokens = row.context_ids[: len(own_columns)]  # the newest token was never fed back: its KV is not there
+    mask shows, in order (padding and a guess's rejected positions are not)."""
+    for index, row in enumerate(rows):
+        if row.finished and not store.budget_bytes:
+            continue
+        columns = mask[index].nonzero().squeeze(1)
+        layers = [(layer.keys[index:index + 1].index_select(2, columns.to(layer.keys.device)),
+                   layer.values[index:index + 1].index_select(2, columns.to(layer.values.device)))
+                  for layer in cache.layers]
+        tokens = row.context_ids[: len(columns)]  # the newest token was never fed back: its KV is not there
         if row.finished:
             store.put(tokens, layers)
         else:

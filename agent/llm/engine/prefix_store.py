@@ -7,16 +7,13 @@ its whole sequence; a new row starts from the longest stored sequence it shares 
 (the KV of a position depends only on the tokens before it, so any prefix of a stored sequence is itself valid).
 
 The store is bounded by bytes, least recently used out. A stored sequence that is a prefix of a newer one is
-dropped, being contained in it: one conversation holds one entry, however many calls it made. An entry a row takes
-whole leaves the store when its batch starts (`hand_over`): the row's KV holds it from then on, and the row's own
-sequence, which contains it, is stored when the row finishes; kept, each running chat's prefix was held twice.
+dropped, being contained in it: one conversation holds one entry, however many calls it made.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -105,14 +102,6 @@ class PrefixStore:
         self._next_key += 1
         while self.nbytes > self.budget_bytes:
             self._entries.popitem(last=False)
-
-    def hand_over(self, hits: Sequence[Hit]) -> None:
-        """Drop the entries that rows took whole (their batch's cache has copied them). A row that took only part
-        of an entry leaves it: the rest may be another chat's. A row that fails loses its prefix, which its next
-        call computes again."""
-        taken = {id(hit.entry) for hit in hits if hit.entry is not None and hit.length == len(hit.entry.tokens)}
-        for key in [key for key, entry in self._entries.items() if id(entry) in taken]:
-            del self._entries[key]
 
     def count(self, reused: int, computed: int) -> None:
         """Add one row's prompt tokens to the totals."""
