@@ -40,6 +40,7 @@
 #   NICE           niceness of everything this starts [0]; use 10 on a shared machine
 #   RESULTS        where the JSON rows go: a prefix, each model's file gets its name appended [/tmp/vs-llamacpp-DATE]
 #   READY_TIMEOUT  seconds to wait for a server to answer [300]
+#   ATTEMPTS       runs of a model's rows when llama-server exits in the middle of one [3]; each starts it again
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,6 +66,7 @@ BENCH_ARGS=${BENCH_ARGS:-}
 NICE=${NICE:-0}
 RESULTS=${RESULTS:-/tmp/vs-llamacpp-$(date +%Y%m%d-%H%M%S)}
 READY_TIMEOUT=${READY_TIMEOUT:-300}
+ATTEMPTS=${ATTEMPTS:-3}
 LOGS=$(mktemp -d /tmp/vs-llamacpp-logs.XXXXXX)
 
 for need in "$LLAMA_SERVER" .venv/bin/python $MODELS; do
@@ -107,6 +109,18 @@ wait_ready() {
     done
 }
 
+# start_llama_server GGUF: start llama-server on it and wait until it answers; sets CPP_PID and LAST_START_MS.
+start_llama_server() {
+    local start_ns
+    start_ns=$(date +%s%N)
+    nice -n "$NICE" "$LLAMA_SERVER" -m "$1" -c 16384 --parallel 8 -t "$THREADS" --alias smol \
+        --host 127.0.0.1 --port "$CPP_PORT" >"$LOGS/llama-server.log" 2>&1 &
+    CPP_PID=$!
+    PIDS+=("$CPP_PID")
+    wait_ready llama-server "$CPP_PID" "http://127.0.0.1:$CPP_PORT/health"
+    LAST_START_MS=$(( ($(date +%s%N) - start_ns) / 1000000 ))
+}
+
 # run_model GGUF: start the servers on it, run the bench, stop them.
 run_model() {
     local model=$1 name start_ns py_start=0 cpp_start openai_args=()
@@ -125,14 +139,8 @@ run_model() {
         py_start=$(( ($(date +%s%N) - start_ns) / 1000000 ))
         openai_args+=(--openai "http://127.0.0.1:$PY_PORT/v1" --openai-label "llama-cpp-python server" --openai-pid "$py_pid")
     fi
-    start_ns=$(date +%s%N)
-    nice -n "$NICE" "$LLAMA_SERVER" -m "$model" -c 16384 --parallel 8 -t "$THREADS" --alias smol \
-        --host 127.0.0.1 --port "$CPP_PORT" >"$LOGS/llama-server.log" 2>&1 &
-    local cpp_pid=$!
-    PIDS+=("$cpp_pid")
-    wait_ready llama-server "$cpp_pid" "http://127.0.0.1:$CPP_PORT/health"
-    cpp_start=$(( ($(date +%s%N) - start_ns) / 1000000 ))
-    openai_args+=(--openai "http://127.0.0.1:$CPP_PORT/v1" --openai-label "llama-server (C++)" --openai-pid "$cpp_pid")
+    start_llama_server "$model"
+    cpp_start=$LAST_START_MS
 
     echo "== $name"
     echo "date: $(date -Is)"
@@ -147,9 +155,25 @@ run_model() {
     echo "server start (process to answering): llama-server $(awk "BEGIN{printf \"%.1f\", $cpp_start/1000}") s$([ "$WITH_PY" = 1 ] && awk "BEGIN{printf \", llama-cpp-python %.1f s\", $py_start/1000}")"
     echo "threads: llama-server -t $THREADS --parallel 8 -c 16384; niceness $NICE"
     echo
+    # llama-server has exited on its own in the middle of runs, between two requests (its log ends "cleaning up
+    # before exit"; nothing here signals it): then it is started again and the model's rows run anew, whole.
+    local attempt=1
     # shellcheck disable=SC2086 # CHATS, MODES and BENCH_ARGS are word lists
-    nice -n "$NICE" .venv/bin/python bench/bench_local.py --model "$model" --modes $MODES --chats $CHATS \
-        --repeat "$REPEAT" "${openai_args[@]}" --openai-model smol --save-json "$RESULTS-$name.jsonl" $BENCH_ARGS
+    until nice -n "$NICE" .venv/bin/python bench/bench_local.py --model "$model" --modes $MODES --chats $CHATS \
+        --repeat "$REPEAT" "${openai_args[@]}" --openai "http://127.0.0.1:$CPP_PORT/v1" \
+        --openai-label "llama-server (C++)" --openai-pid "$CPP_PID" --openai-model smol \
+        --save-json "$RESULTS-$name.jsonl" $BENCH_ARGS; do
+        if kill -0 "$CPP_PID" 2>/dev/null || [ "$attempt" -ge "$ATTEMPTS" ]; then
+            echo "bench_local.py failed on $name (attempt $attempt of $ATTEMPTS)" >&2
+            exit 1
+        fi
+        attempt=$((attempt + 1))
+        echo "llama-server exited during the run; its log ends:" >&2
+        tail -3 "$LOGS/llama-server.log" >&2
+        echo "starting it again; $name's rows run anew (attempt $attempt of $ATTEMPTS)" >&2
+        cp "$LOGS/llama-server.log" "$LOGS/llama-server.attempt$((attempt - 1)).log"
+        start_llama_server "$model"
+    done
     echo
     echo "load after: $(uptime)"
     echo "JSON rows: $RESULTS-$name.jsonl"
