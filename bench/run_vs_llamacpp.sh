@@ -163,7 +163,8 @@ run_model() {
         --repeat "$REPEAT" "${openai_args[@]}" --openai "http://127.0.0.1:$CPP_PORT/v1" \
         --openai-label "llama-server (C++)" --openai-pid "$CPP_PID" --openai-model smol \
         --save-json "$RESULTS-$name.jsonl" $BENCH_ARGS; do
-        if kill -0 "$CPP_PID" 2>/dev/null || [ "$attempt" -ge "$ATTEMPTS" ]; then
+        # Gone means not answering: an exited server stays a zombie, alive to `kill -0`, until this shell waits.
+        if curl -sf -o /dev/null --max-time 10 "http://127.0.0.1:$CPP_PORT/health" || [ "$attempt" -ge "$ATTEMPTS" ]; then
             echo "bench_local.py failed on $name (attempt $attempt of $ATTEMPTS)" >&2
             exit 1
         fi
