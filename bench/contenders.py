@@ -131,7 +131,11 @@ def backend_for(spec: Spec, settings: Settings) -> LLM:
     """The backend under test, built as `bot.program.services.build_llm` builds it, with the bench's fixed lengths."""
     if spec.kind == "openai":
         patient = StreamLimits(connect_seconds=60, first_token_seconds=3600, silence_seconds=3600)
-        return BenchOpenAI(base_url=spec.openai_url, model=spec.openai_model, limits=patient, max_retries=0,
+        # Retries as the bot's own (OPENAI_MAX_RETRIES): llama-server closes a connection idle for 5 s, the
+        # client's pool keeps one for 5 s, and a request sent on one as it closes fails before any answer
+        # ("Server disconnected without sending a response"); with no retry that ended whole runs.
+        return BenchOpenAI(base_url=spec.openai_url, model=spec.openai_model, limits=patient,
+                           max_retries=settings.openai.openai_max_retries,
                            count_tokens=qwen_token_counter(settings.model.tokenizer_vocab_path),
                            extra_body=ban_body(spec.ban_token_ids))
     from agent.llm.engine.speculative import SpeculativeLimits

@@ -155,8 +155,10 @@ run_model() {
     echo "server start (process to answering): llama-server $(awk "BEGIN{printf \"%.1f\", $cpp_start/1000}") s$([ "$WITH_PY" = 1 ] && awk "BEGIN{printf \", llama-cpp-python %.1f s\", $py_start/1000}")"
     echo "threads: llama-server -t $THREADS --parallel 8 -c 16384; niceness $NICE"
     echo
-    # llama-server has exited on its own in the middle of runs, between two requests (its log ends "cleaning up
-    # before exit"; nothing here signals it): then it is started again and the model's rows run anew, whole.
+    # Should llama-server exit in the middle of a run, it is started again and the model's rows run anew, whole.
+    # (Earlier runs that stopped with "Server disconnected" were not that: the bench's client sent a request on a
+    # connection the server was closing after 5 s idle, without a retry; the server's log line "cleaning up before
+    # exit" came from this script stopping it. The bench now retries as the bot does.)
     local attempt=1
     # shellcheck disable=SC2086 # CHATS, MODES and BENCH_ARGS are word lists
     until nice -n "$NICE" .venv/bin/python bench/bench_local.py --model "$model" --modes $MODES --chats $CHATS \
