@@ -314,8 +314,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# Issue 37's lines: memory within 1.2 times the server's, and `qwenbot ask` ready within 3 s on its second start.
+MEMORY_RATIO_LIMIT = 1.2
+ASK_START_LIMIT_S = 3.0
+
+
 def verdicts(rows: list[dict[str, Any]], chats_levels: Sequence[int]) -> list[str]:
-    """Issue 10's acceptance lines, from the medians: ours ("local") against each server, and on its own."""
+    """The acceptance lines of issues 10 and 37, from the medians: ours ("local") against each server, and on its
+    own."""
     medians = {(row["mode"], row["chats"]): row for row, _ in summarize([row for row in rows if row["chats"]])}
     ours = MODES["local"]
     low, high = min(chats_levels), max(chats_levels)
@@ -342,7 +348,8 @@ def verdicts(rows: list[dict[str, Any]], chats_levels: Sequence[int]) -> list[st
     if second and ask:
         lines.append(_line(f"second start: `qwenbot ask` to the model loaded {ask['seconds']:.1f} s "
                            f"(LocalLLM.start() {second['seconds']:.1f} s; the bench's own contender process "
-                           f"{second['ready_s']:.1f} s) (need <= 10 s)", ask["seconds"] <= 10))
+                           f"{second['ready_s']:.1f} s) (need <= {ASK_START_LIMIT_S:g} s)",
+                           ask["seconds"] <= ASK_START_LIMIT_S))
     return lines
 
 
@@ -372,6 +379,13 @@ def _against(medians: dict[tuple[str, int], dict[str, Any]], ours: str, server: 
                            f"{theirs['tokens_per_s']:.1f} (need >= 2x)", ratio >= 2))
         lines.append(_line(f"{_chats(high)}: our turn p95 {mine['turn_p95_s']:.2f} s vs {server} "
                            f"{theirs['turn_p95_s']:.2f} s (need lower)", mine["turn_p95_s"] < theirs["turn_p95_s"]))
+    for chats in sorted({low, high}):
+        mine, theirs = medians.get((ours, chats)), medians.get((server, chats))
+        if mine and theirs and mine.get("peak_rss_mb") and theirs.get("peak_rss_mb"):
+            ratio = mine["peak_rss_mb"] / theirs["peak_rss_mb"]
+            lines.append(_line(f"{_chats(chats)}: our peak RSS {mine['peak_rss_mb']:.0f} MiB = {ratio:.2f}x "
+                               f"{server}'s {theirs['peak_rss_mb']:.0f} (need <= {MEMORY_RATIO_LIMIT:g}x)",
+                               ratio <= MEMORY_RATIO_LIMIT))
     return lines
 
 

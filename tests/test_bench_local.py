@@ -77,3 +77,30 @@ def test_a_start_that_never_loads_the_model_stops_the_bench_with_its_exit_code_a
     command = [sys.executable, "-c", "import sys; sys.stderr.write('MODEL: no such file\\n'); sys.exit(3)"]
     with pytest.raises(SystemExit, match=r"exited \(code 3\) before logging .*: MODEL: no such file$"):
         bench_local._seconds_to_line(command, dict(os.environ), bench_local.LOADED_LINE)
+
+
+def _measured(mode: str, chats: int, repeat: int, tokens_per_s: float, p50: float, p95: float, rss: float) -> dict:
+    return {"mode": mode, "chats": chats, "repeat": repeat, "tokens_per_s": tokens_per_s, "turn_p50_s": p50,
+            "turn_p95_s": p95, "peak_rss_mb": rss}
+
+
+def test_the_verdicts_hold_memory_to_1_2_times_the_servers_and_the_second_start_to_3_seconds():
+    """Issue 37's lines, from the medians of the repeats: peak RSS within 1.2x the server's at each level, and
+    `qwenbot ask` ready within 3 s on its second start."""
+    rows = [_measured("local", 1, 1, 30, 2.0, 2.0, 1300), _measured("local", 1, 2, 30, 2.0, 2.0, 1100),
+            _measured("llama-server", 1, 1, 20, 3.0, 3.0, 1000), _measured("llama-server", 1, 2, 20, 3.0, 3.0, 1000),
+            _measured("local", 8, 1, 60, 7.0, 9.0, 1150), _measured("local", 8, 2, 60, 7.0, 9.0, 1150),
+            _measured("llama-server", 8, 1, 25, 15.0, 25.0, 1000), _measured("llama-server", 8, 2, 25, 15, 25, 1000),
+            {"mode": "local start: converted copy", "chats": 0, "seconds": 2.5, "ready_s": 4.0},
+            {"mode": bench_local.ASK_START, "chats": 0, "seconds": 3.4}]
+    lines = bench_local.verdicts(rows, (1, 8))
+    memory = [line for line in lines if "peak RSS" in line]
+    assert memory == ["PASS  1 chat: our peak RSS 1200 MiB = 1.20x llama-server's 1000 (need <= 1.2x)",
+                      "PASS  8 chats: our peak RSS 1150 MiB = 1.15x llama-server's 1000 (need <= 1.2x)"]
+    start = [line for line in lines if "second start" in line]
+    assert len(start) == 1 and start[0].startswith("FAIL") and start[0].endswith("(need <= 3 s)")
+    rows[-1]["seconds"] = 2.9
+    assert bench_local.verdicts(rows, (1, 8))[-1].startswith("PASS  second start")
+    rows[4]["peak_rss_mb"] = rows[5]["peak_rss_mb"] = 1250
+    assert "FAIL  8 chats: our peak RSS 1250 MiB = 1.25x llama-server's 1000 (need <= 1.2x)" in \
+        bench_local.verdicts(rows, (1, 8))
