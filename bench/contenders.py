@@ -144,7 +144,7 @@ def backend_for(spec: Spec, settings: Settings) -> LLM:
     return LocalLLM(spec.model, device_map=spec.device_map, dtype=spec.dtype, batch_size=spec.batch_size,
                     batch_wait_ms=spec.batch_wait_ms, min_new_tokens=max(spec.new_tokens, spec.probe_tokens),
                     converted_dir=Path(spec.converted_dir) if spec.converted_dir else None,
-                    prefix_cache_mb=spec.prefix_cache_mb,
+                    prefix_cache_mb=spec.prefix_cache_mb, kernel_cache_entries=settings.engine.kernel_cache_entries,
                     speculative=SpeculativeLimits(settings.engine.speculative_tokens, settings.engine.speculative_step_tokens))
 
 
@@ -158,6 +158,7 @@ class AgentContender:
 
     async def row(self, plan: RowPlan) -> dict[str, Any]:
         """Measure one row."""
+        await self.settled()
         if self.memory:
             self.memory.reset()
         if self.gpu:
@@ -177,6 +178,14 @@ class AgentContender:
         row["peak_rss_mb"] = self.memory.peak_mb() if self.memory else None
         row["gpu_peak_mb"] = self.gpu.peak_mb() if self.gpu else None
         return row
+
+    async def settled(self, limit_s: float = 120.0) -> None:
+        """Wait until the local engine is done with what the last row left (its last batch ends after the replies
+        that end the row, then the heap is trimmed), so that each row's peak memory is its own."""
+        waited = 0.0
+        while (state := self.llm.inner.activity()) is not None and state.working and waited < limit_s:
+            await asyncio.sleep(0.01)
+            waited += 0.01
 
     def reuse_known(self) -> bool:
         """Whether the backend says how much of each prompt it reused (llama-cpp-python's server does not)."""
@@ -279,8 +288,10 @@ async def open_contender(spec: Spec, folder: Path) -> tuple[Any, dict[str, Any]]
 
 
 async def _open_raw(spec: Spec, settings: Settings) -> tuple[Any, dict[str, Any]]:
+    from agent.llm.engine import kernel_cache
     from agent.llm.engine.loading import load_model, resolve_model
 
+    kernel_cache.limit(settings.engine.kernel_cache_entries)
     started = time.perf_counter()
     loaded = await asyncio.to_thread(load_model, resolve_model(spec.model), spec.device_map, spec.dtype,
                                      Path(spec.converted_dir) if spec.converted_dir else None)

@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig
 
 from agent.llm.engine.kv_cache import GROWTH_COLUMNS, MIN_SHARED_COLUMNS, RoomyLayer, batch_cache, shared_columns
-from agent.llm.engine.prefix_store import CachedPrefix, Hit
+from agent.llm.engine.prefix_store import MISS, CachedPrefix, Hit, PrefixStore
 
 
 def steps(batch: int = 2, heads: int = 3, dim: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -58,7 +58,7 @@ class OneLayer:  # what batch_cache reads of a model: its config's layer structu
 
 
 def test_a_long_generation_gets_one_block_of_room_to_start_with() -> None:
-    cache = batch_cache(OneLayer(), [Hit(None, 0)], cached=0, width=6, new_tokens=1000)
+    cache = batch_cache(OneLayer(), [MISS], cached=0, width=6, new_tokens=1000)
     cache.layers[0].update(torch.ones(1, 3, 6, 4), torch.ones(1, 3, 6, 4))
     assert cache.layers[0]._keys.shape[2] == 6 + GROWTH_COLUMNS
 
@@ -68,7 +68,7 @@ def test_rows_start_from_their_own_prefix_with_zeros_after_it() -> None:
     long = CachedPrefix(torch.arange(4), [(3 * torch.ones(1, 3, 4, 4), 4 * torch.ones(1, 3, 4, 4))])
 
     model = OneLayer()
-    cache = batch_cache(model, [Hit(short, 2), Hit(long, 4), Hit(None, 0)], cached=4, width=6, new_tokens=3)
+    cache = batch_cache(model, [Hit.whole(short).cut(2), Hit.whole(long).cut(4), MISS], cached=4, width=6, new_tokens=3)
     layer = cache.layers[0]
     assert isinstance(layer, RoomyLayer) and layer.get_seq_length() == 4 and layer._keys.shape[2] == 9
     assert torch.equal(layer.keys[0, :, :2], torch.ones(3, 2, 4)) and not layer.keys[0, :, 2:].any()
@@ -91,24 +91,41 @@ TOOLS = list(range(200))  # the tools prompt every chat starts with
 
 def test_rows_reusing_one_entry_share_the_columns_all_of_them_reuse() -> None:
     tools = stored(TOOLS)
-    assert shared_columns([Hit(tools, 200), Hit(tools, 180), Hit(tools, 200)]) == 180
+    assert shared_columns([Hit.whole(tools).cut(200), Hit.whole(tools).cut(180), Hit.whole(tools).cut(200)]) == 180
 
 
 def test_rows_with_their_own_entries_share_the_tokens_they_start_with_where_their_kv_is_the_same() -> None:
     one, two = stored(TOOLS + [7, 8, 9]), stored(TOOLS + [5, 6])
-    assert shared_columns([Hit(one, 203), Hit(two, 202)]) == 200
+    assert shared_columns([Hit.whole(one).cut(203), Hit.whole(two).cut(202)]) == 200
 
 
 def test_rows_whose_kv_differs_in_the_bits_share_nothing() -> None:
     one, two = stored(TOOLS + [7, 8, 9]), stored(TOOLS + [5, 6])
     two.layers[1][1][0, 2, 150, 3] += 1e-6  # computed in another batch: one value rounded otherwise
-    assert shared_columns([Hit(one, 203), Hit(two, 202)]) == 0
+    assert shared_columns([Hit.whole(one).cut(203), Hit.whole(two).cut(202)]) == 0
 
 
 def test_one_row_or_a_short_common_prefix_shares_nothing() -> None:
     tools = stored(TOOLS)
-    assert shared_columns([Hit(tools, 200)]) == 0
-    assert shared_columns([Hit(tools, MIN_SHARED_COLUMNS - 1), Hit(tools, 200)]) == 0
-    assert shared_columns([Hit(tools, 200), Hit(None, 0)]) == 0
+    assert shared_columns([Hit.whole(tools).cut(200)]) == 0
+    assert shared_columns([Hit.whole(tools).cut(MIN_SHARED_COLUMNS - 1), Hit.whole(tools).cut(200)]) == 0
+    assert shared_columns([Hit.whole(tools).cut(200), MISS]) == 0
     early = stored(TOOLS[:100] + [999] * 100)  # the same KV, but other tokens from the 101st on
-    assert shared_columns([Hit(tools, 200), Hit(early, 200)]) == 0
+    assert shared_columns([Hit.whole(tools).cut(200), Hit.whole(early).cut(200)]) == 0
+
+
+def test_rows_reusing_runs_of_the_store_get_each_position_s_own_kv_and_share_the_runs_they_have_in_common() -> None:
+    store = PrefixStore(budget_bytes=1 << 30)
+    for tail in ([7, 8, 9], [5, 6]):
+        whole = stored(TOOLS + tail)  # one seed: the same KV for the tools prompt, as one computed prefix
+        store.put(whole.tokens.tolist(), whole.layers)
+    one, two = store.longest(TOOLS + [7, 8, 9, 1]), store.longest(TOOLS + [5, 6, 1])
+    assert (one.length, two.length) == (203, 202) and len(one.runs) == len(two.runs) == 2
+    assert one.runs[0] is two.runs[0]  # the tools prompt, held once
+    assert shared_columns([one, two]) == 200
+
+    cache = batch_cache(OneLayer(), [one, two], cached=203, width=204, new_tokens=4)
+    expected = stored(TOOLS + [7, 8, 9], layers=1).layers[0][0]
+    assert torch.equal(cache.layers[0].keys[0:1], expected)
+    assert torch.equal(cache.layers[0].keys[1:2, :, :202], expected[:, :, :202])
+    assert not cache.layers[0].keys[1, :, 202:].any()

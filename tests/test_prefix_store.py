@@ -21,7 +21,7 @@ from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear
 from agent.llm.engine.check_record import RECORD_FILE
 from agent.llm.engine.loading import converted_folder, load_model, resolve_model
 from agent.llm.local import LocalLLM
-from agent.llm.engine.prefix_store import Hit, PrefixStore
+from agent.llm.engine.prefix_store import CachedPrefix, Hit, PrefixStore
 from agent.conversations import ReactConversation, TurnRules
 from tests.real_model import GGUF, real_model_test, worker_log_watched
 from tools.calculator import CALCULATOR
@@ -66,7 +66,7 @@ def test_a_hundred_conversations_stay_within_the_budget_and_the_recent_ones_are_
         second = first + [7] * 4 + [turn] * 4
         store.put(second, kv(len(second)))  # the second call: contains the first, which is dropped
         assert store.nbytes <= store.budget_bytes
-    assert len(store) <= 10
+    assert 10 < len(store) < 100  # the system prompt held once: more conversations than 10 whole ones
     assert store.longest(system + [99, 100, 7, 7]).length == 33  # the newest conversation is still there
     assert store.longest(system + [0, 1, 7, 7]).length == 30  # the oldest is gone; the system prompt is not
 
@@ -78,6 +78,67 @@ def test_an_entry_larger_than_the_budget_is_not_kept_and_a_zero_budget_keeps_not
     off = PrefixStore(budget_bytes=0)
     off.put([1, 2, 3], kv(3))
     assert len(off) == 0 and off.longest([1, 2, 3, 4]).length == 0
+
+def numbered_kv(tokens: list[int], width: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Keys and values of two layers where each position's vector says which token sequence led to it: a hash
+    of the tokens up to it (as a real model's KV depends on exactly those)."""
+    codes = torch.tensor([float(hash(tuple(tokens[: i + 1])) % 10007) for i in range(len(tokens))])
+    keys = codes.view(1, 1, -1, 1).expand(1, 1, len(tokens), width).clone()
+    return [(keys, -keys) for _ in range(2)]
+
+def test_a_hit_extended_by_new_tokens_holds_the_kv_of_every_position_and_hands_over_only_the_new_ones() -> None:
+    store = PrefixStore(budget_bytes=1 << 20)
+    first = list(range(50))
+    store.put(first, numbered_kv(first))
+    wanted = first[:30] + [7] * 10
+    hit = store.longest(wanted)  # the first 30 of a 50-token run
+    new_kv = [(k[:, :, 30:].clone(), v[:, :, 30:].clone()) for k, v in numbered_kv(wanted)]
+    longer = hit.then(CachedPrefix(torch.tensor(wanted[30:]), new_kv))
+    assert longer.length == 40 and [len(run) for run in longer.runs] == [30, 10]
+    assert torch.equal(longer.layers()[0][0], numbered_kv(wanted)[0][0])
+    assert torch.equal(longer.layers(start=30)[0][0], new_kv[0][0])
+    store.put(wanted, longer.layers(30), 30)
+    assert store.nbytes == sum(k.nelement() * 4 * 2 for k, _ in numbered_kv(first + [7] * 10))
+    assert store.longest(wanted + [1]).length == 40 and store.longest(first + [1]).length == 50
+
+
+def test_conversations_sharing_a_system_prompt_hold_it_once_and_each_reuses_its_own_kv() -> None:
+    system = list(range(1000, 1100))
+    per_token = sum(k[:, :, :1].nelement() * 4 * 2 for k, _ in numbered_kv([1]))
+    store = PrefixStore(budget_bytes=1 << 20)
+    chats = [system + [chat] * 10 for chat in range(20)]
+    for tokens in chats:
+        store.put(tokens, numbered_kv(tokens))
+    assert len(store) == 20 and store.nbytes == (100 + 20 * 10) * per_token  # 20 whole copies would be 2,200
+    for tokens in chats:
+        hit = store.longest(tokens + [5])
+        assert hit.length == 110
+        assert all(torch.equal(got, want) for got, want in zip(hit.layers()[0], numbered_kv(tokens)[0]))
+
+
+def test_a_hit_stays_valid_when_a_later_sequence_splits_the_run_it_reuses() -> None:
+    store = PrefixStore(budget_bytes=1 << 20)
+    first = list(range(50))
+    store.put(first, numbered_kv(first))
+    hit = store.longest(first + [99])
+    store.put(first[:20] + [7, 7, 7], numbered_kv(first[:20] + [7, 7, 7]))  # parts from the first at 20
+    assert torch.equal(hit.layers()[1][0], numbered_kv(first)[1][0])
+    assert store.longest(first + [99]).length == 50 and len(store.longest(first + [99]).runs) == 2
+    assert store.longest(first[:20] + [7, 7, 7, 1]).length == 23
+
+
+def test_a_budget_drops_the_least_recently_used_conversation_first_and_keeps_the_shared_prompt() -> None:
+    system = list(range(1000, 1100))
+    per_token = sum(k[:, :, :1].nelement() * 4 * 2 for k, _ in numbered_kv([1]))
+    store = PrefixStore(budget_bytes=(100 + 3 * 10) * per_token)  # the system prompt and three chats' own tokens
+    for chat in range(3):
+        store.put(system + [chat] * 10, numbered_kv(system + [chat] * 10))
+    store.longest(system + [0] * 10 + [1])  # chat 0 asks again: chat 1 is now the least recently used
+    store.put(system + [3] * 10, numbered_kv(system + [3] * 10))
+    assert store.nbytes <= store.budget_bytes and len(store) == 3
+    assert store.longest(system + [1] * 10 + [5]).length == 100  # chat 1's own tokens went, the prompt stayed
+    assert store.longest(system + [0] * 10 + [5]).length == 110
+    assert store.longest(system + [3] * 10 + [5]).length == 110
 
 
 # --- the real model --------------------------------------------------------------------------------------------

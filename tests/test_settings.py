@@ -85,6 +85,7 @@ def test_empty_or_blank_values_mean_the_default():
     ("TURN_TIMEOUT_SECONDS", "-5", "greater than 0"),
     ("TYPING_INTERVAL_SECONDS", "0", "greater than 0"),
     ("OPENAI_MAX_RETRIES", "-1", "0 or more"),
+    ("KERNEL_CACHE_ENTRIES", "-1", "0 or more"),
     ("OPENAI_SILENCE_SECONDS", "0", "greater than 0"),
     ("OPENAI_FIRST_TOKEN_SECONDS", "-1", "greater than 0"),
     ("STREAM_INTERVAL_SECONDS", "0", "greater than 0"),

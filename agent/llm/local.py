@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.errors import LLMError
 from agent.llm.base import LLM, Completion, ModelActivity, ModelRequest
+from agent.llm.engine import kernel_cache
 from agent.llm.engine.admission import BatchLimits, FairAdmission
 from agent.llm.engine.jobs import Job
 from agent.llm.engine.loading import check_dtype_setting, load_model, resolve_model
@@ -31,7 +32,8 @@ class LocalLLM(LLM):
                  batch_size: int = BatchLimits.batch_size, batch_wait_ms: int = BatchLimits.batch_wait_ms, min_new_tokens: int = 0, converted_dir: Path | None = None,
                  prefix_cache_mb: int | None = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
                  native_tools: bool = False, speculative: SpeculativeLimits = SpeculativeLimits(),
-                 low_priority_rows: int = BatchLimits.low_priority_rows):
+                 low_priority_rows: int = BatchLimits.low_priority_rows,
+                 kernel_cache_entries: int = kernel_cache.KERNEL_CACHE_ENTRIES):
         self.model_setting = model
         self.speculative = speculative
         self.converted_dir = converted_dir
@@ -46,6 +48,7 @@ class LocalLLM(LLM):
         self.batch_wait_ms = batch_wait_ms
         self.low_priority_rows = low_priority_rows  # background rows (summaries) a batch may hold at once
         self.min_new_tokens = min_new_tokens  # benchmarks only: fixed-length generations
+        self.kernel_cache_entries = kernel_cache_entries
         self._thread: ModelThread | None = None
         self._counter: Any = None  # the event loop's own tokenizer, for count_tokens
 
@@ -53,6 +56,7 @@ class LocalLLM(LLM):
         """Load the model on its thread and wait for it; raises `ModelLoadError` with one clear line."""
         source = resolve_model(self.model_setting, self.base_dir)
         check_dtype_setting(self.dtype)
+        kernel_cache.limit(self.kernel_cache_entries)  # before loading: oneDNN reads it at its first kernel
         thread = ModelThread(lambda: load_model(source, self.device_map, self.dtype, self.converted_dir,
                                                 self.cache_dir, self.native_tools),
                              admission=FairAdmission(self.batch_size, self.batch_wait_ms / 1000,

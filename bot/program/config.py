@@ -30,6 +30,7 @@ from agent.grammar import GrammarLimits
 from agent.llm.base import MODEL_DTYPES
 from agent.llm.engine.admission import BatchLimits
 from agent.llm.engine.speculative import SpeculativeLimits
+from agent.llm.engine.kernel_cache import KERNEL_CACHE_ENTRIES
 from agent.llm.openai_stream import ServerLimits, StreamLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
@@ -181,11 +182,12 @@ class EngineSettings:
     speculative_tokens: int = SpeculativeLimits.per_row
     speculative_step_tokens: int = SpeculativeLimits.per_step
     low_priority_rows: int = BatchLimits.low_priority_rows
+    kernel_cache_entries: int = KERNEL_CACHE_ENTRIES  # oneDNN's compiled kernels kept (engine/kernel_cache.py)
 
     def validate(self) -> None:
         """Refuse an empty batch, negative sizes, a prefix store size that is neither auto nor MiB."""
         positive(self, ("batch_size", "low_priority_rows"))
-        not_negative(self, ("batch_wait_ms", "speculative_tokens", "speculative_step_tokens"))
+        not_negative(self, ("batch_wait_ms", "speculative_tokens", "speculative_step_tokens", "kernel_cache_entries"))
         self.prefix_cache_megabytes()
 
     def prefix_cache_megabytes(self) -> int | None:

@@ -208,7 +208,7 @@ def local_llm(settings: Settings) -> LLM:
                     converted_dir=model.model_converted_dir, prefix_cache_mb=engine.prefix_cache_megabytes(),
                     base_dir=settings.storage.data_dir, cache_dir=model.model_cache_dir,
                     native_tools=settings.agent.agent_mode == "native", speculative=speculative,
-                    low_priority_rows=engine.low_priority_rows)
+                    low_priority_rows=engine.low_priority_rows, kernel_cache_entries=engine.kernel_cache_entries)
 
 
 def openai_llm(settings: Settings) -> LLM:

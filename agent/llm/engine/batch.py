@@ -261,10 +261,10 @@ def reusable_prefixes(model: Any, contexts: list[list[int]], store: PrefixStore,
     if shared and min(hit.length for hit in hits) < shared:
         base = max(hits, key=lambda hit: hit.length)
         if base.length >= shared:
-            common = Hit(base.entry, shared)
+            common = base.cut(shared)
         else:
             common = extend_prefix(model, contexts[0][:shared], base)
-            store.put(contexts[0][:shared], common.layers())
+            _keep(store, contexts[0][:shared], common)
             fresh[next(i for i, hit in enumerate(hits) if hit.length < shared)] = shared - base.length
         hits = [hit if hit.length >= shared else common for hit in hits]
     return hits, fresh
@@ -301,20 +301,31 @@ def prefill_apart(model: Any, rows: list[BatchRow], hits: list[Hit], fresh: list
     for index in sorted(rows_to_prefill_apart(own)):
         context, hit = rows[index].context_ids, hits[index]
         hits[index] = extend_prefix(model, context[:-1], hit)
-        store.put(context[:-1], hits[index].layers())
+        _keep(store, context[:-1], hits[index])
         fresh[index] += len(context) - 1 - hit.length
 
 
 def extend_prefix(model: Any, tokens: list[int], base: Hit) -> Hit:
-    """The KV of `tokens`, computing only those past the prefix `base` already holds."""
+    """The KV of `tokens`, computing only those past the prefix `base` already holds: `base`'s runs and a new one
+    (only the new columns are copied out of the pass's cache)."""
     known = base.length
     cache = cache_holding(model, base.layers()) if known else DynamicCache(config=model.config)
     model(input_ids=torch.tensor([tokens[known:]], device=model.device), use_cache=True, logits_to_keep=1,
           **{cache_argument(model): cache})
     dtype = getattr(model, KV_DTYPE, None)  # held as the batch caches hold it, so the store keeps one dtype
-    layers = [(layer.keys.to(dtype), layer.values.to(dtype)) if dtype else (layer.keys, layer.values)
-              for layer in cache.layers]
-    return Hit(CachedPrefix(torch.tensor(tokens, dtype=torch.long), layers), len(tokens))
+
+    def new_columns(states: torch.Tensor) -> torch.Tensor:
+        return states[:, :, known:].to(dtype or states.dtype, copy=bool(known))
+
+    layers = [(new_columns(layer.keys), new_columns(layer.values)) for layer in cache.layers]
+    return base.then(CachedPrefix(torch.tensor(tokens[known:], dtype=torch.long), layers))
+
+
+def _keep(store: PrefixStore, tokens: list[int], hit: Hit) -> None:
+    """Put `hit` (the KV of `tokens`) in the store, handing over only the columns it does not hold yet (the new run's
+    tensors themselves when the store held the rest: no copy)."""
+    known = store.known_length(tokens)
+    store.put(tokens, hit.layers(known), known)
 
 
 def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: PrefixStore) -> None:
@@ -326,21 +337,27 @@ def _begin(rows: list[BatchRow], hits: list[Hit], fresh: list[int], store: Prefi
 
 
 def _store_rows(rows: list[BatchRow], mask: torch.Tensor, cache: DynamicCache, store: PrefixStore) -> None:
-    """Keep each row's KV, its whole sequence so far: a finished row's in the store, for its chat's next call; a
-    paused row's on the row, for its next batch (whatever the store's budget). A row's tokens are the columns its
-    mask shows, in order (padding and a guess's rejected positions are not)."""
+    """Keep each row's KV, its whole sequence so far: a finished row's in the store, for its chat's next call (only
+    the columns past what the store holds are copied out); a paused row's on the row, for its next batch (whatever
+    the store's budget). A row's tokens are the columns its mask shows, in order (padding and a guess's rejected
+    positions are not)."""
     for index, row in enumerate(rows):
         if row.finished and not store.budget_bytes:
             continue
         columns = mask[index].nonzero().squeeze(1)
+        tokens = row.context_ids[: len(columns)]  # the newest token was never fed back: its KV is not there
+        known = store.known_length(tokens) if row.finished else 0
+        if known == len(tokens):
+            store.put(tokens, [], known)  # held already: marks it recently used
+            continue
+        columns = columns[known:]
         layers = [(layer.keys[index:index + 1].index_select(2, columns.to(layer.keys.device)),
                    layer.values[index:index + 1].index_select(2, columns.to(layer.values.device)))
                   for layer in cache.layers]
-        tokens = row.context_ids[: len(columns)]  # the newest token was never fed back: its KV is not there
         if row.finished:
-            store.put(tokens, layers)
+            store.put(tokens, layers, known)
         else:
-            row.paused_kv = Hit(CachedPrefix(torch.tensor(tokens, dtype=torch.long), layers), len(tokens))
+            row.paused_kv = Hit.whole(CachedPrefix(torch.tensor(tokens, dtype=torch.long), layers))
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -68,10 +68,10 @@ class RoomyLayer(CacheLayer):
         self.filled(end)
         return self.keys, self.values
 
-    def fill(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Put one row's cached prefix (`[1, heads, length, head_dim]`) in its first columns."""
-        self._keys[row, :, : keys.shape[2]] = keys[0]
-        self._values[row, :, : values.shape[2]] = values[0]
+    def fill(self, row: int, keys: torch.Tensor, values: torch.Tensor, start: int = 0) -> None:
+        """Put a piece of one row's cached prefix (`[1, heads, length, head_dim]`) in its columns from `start`."""
+        self._keys[row, :, start: start + keys.shape[2]] = keys[0]
+        self._values[row, :, start: start + values.shape[2]] = values[0]
 
     def _grow(self, end: int) -> None:
         extra = (*self._keys.shape[:2], end - self._keys.shape[-2] + GROWTH_COLUMNS, self._keys.shape[-1])
@@ -95,7 +95,7 @@ def batch_cache(model: Any, hits: Sequence[Hit], cached: int, width: int, new_to
         cache.layers = [RoomyLayer(room, dtype) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     if not cached:
         return cache
-    donor = next(hit for hit in hits if hit.length).layers()
+    donor = next(hit for hit in hits if hit.length).runs[0].layers
     for index, layer in enumerate(cache.layers):
         keys, _ = donor[index]
         if isinstance(layer, RoomyLayer):
@@ -109,9 +109,8 @@ def batch_cache(model: Any, hits: Sequence[Hit], cached: int, width: int, new_to
 
 def _fill_prefixes(layer: RoomyLayer, hits: Sequence[Hit], index: int) -> None:
     for row, hit in enumerate(hits):
-        if hit.length:
-            own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
-            layer.fill(row, own_keys[:, :, : hit.length], own_values[:, :, : hit.length])
+        for start, keys, values in hit.pieces(index):
+            layer.fill(row, keys, values, start)
 
 
 def _prefix_block(hits: Sequence[Hit], index: int, cached: int, like: torch.Tensor,
@@ -121,10 +120,9 @@ def _prefix_block(hits: Sequence[Hit], index: int, cached: int, like: torch.Tens
     shape = (len(hits), like.shape[1], cached, like.shape[3])
     keys, values = like.new_zeros(shape, dtype=dtype or like.dtype), like.new_zeros(shape, dtype=dtype or like.dtype)
     for row, hit in enumerate(hits):
-        if hit.length:
-            own_keys, own_values = hit.entry.layers[index]  # type: ignore[union-attr]
-            keys[row, :, : hit.length] = own_keys[0, :, : hit.length]
-            values[row, :, : hit.length] = own_values[0, :, : hit.length]
+        for start, own_keys, own_values in hit.pieces(index):
+            keys[row, :, start: start + own_keys.shape[2]] = own_keys[0]
+            values[row, :, start: start + own_values.shape[2]] = own_values[0]
     return keys, values
 
 
@@ -143,22 +141,14 @@ def shared_columns(hits: Sequence[Hit]) -> int:
     prefix starts with (the tools prompt), where every row holds the very same keys and values for them; 0 for
     one row, or a short or differing prefix.
 
-    Rows of a batch usually reuse one entry of the store there or entries copied from the same batch cache, but a
-    row's prefix may have been computed in another batch, in other bits: checking costs one read of the prefixes,
-    where every decode step would read them all."""
+    Rows of a batch usually reuse the same runs of the store there (the tree holds the tools prompt once), but a
+    row's prefix may have been computed in another batch, in other bits: checking the rest costs one read of the
+    prefixes, where every decode step would read them all."""
     length = min((hit.length for hit in hits), default=0)
     if len(hits) < 2 or length < MIN_SHARED_COLUMNS:
         return 0
-    first = hits[0].entry
-    assert first is not None
-    others = [hit.entry for hit in hits[1:] if hit.entry is not first]
-    for entry in others:
-        length = min(length, entry.common_length(first.tokens))  # type: ignore[union-attr]
-    if length < MIN_SHARED_COLUMNS:
-        return 0
-    for entry in others:
-        for (keys, values), (own_keys, own_values) in zip(first.layers, entry.layers):  # type: ignore[union-attr]
-            if not (torch.equal(keys[:, :, :length], own_keys[:, :, :length])
-                    and torch.equal(values[:, :, :length], own_values[:, :, :length])):
-                return 0
+    for other in hits[1:]:
+        length = hits[0].same_columns(other, length)
+        if length < MIN_SHARED_COLUMNS:
+            return 0
     return length

@@ -21,9 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# KV tokens the prefix store keeps by default: as many as llama.cpp's llama-server is told to hold for 8 slots in
-# the side-by-side (-c 16384), so the two hold the same KV.
-PREFIX_CACHE_TOKENS = 16384
+# KV tokens the prefix store keeps by default. llama.cpp's llama-server, told -c 16384 for 8 slots in the
+# side-by-side, holds running and cached prompts in the same 16,384; the store holds only finished calls' KV (the
+# running rows hold theirs beside it), and what conversations share once (prefix_store.py): with half of it the
+# bench's chats computed the same 14-17% of their prompt tokens as with all of it (bench/README.md).
+PREFIX_CACHE_TOKENS = 8192
 # Python with torch, transformers, tokenizers and llguidance imported, the tokenizer and grammar engine built: the
 # resident memory of a started engine on the test model less its weights and caches (bench/README.md § Memory).
 RUNTIME_BYTES = 420 << 20

@@ -79,6 +79,7 @@ class ModelThread:
         # None: sized once the model is loaded, from its KV bytes per token (memory.py)
         self._prefix_store_bytes = prefix_store_bytes
         self.prefix_store = PrefixStore(prefix_store_bytes or 0)
+        self._trimming = False
         self._closing = threading.Event()
         # Plain counts for whoever reports them (batches, rows, speculative tokens; the queue read when asked),
         # and when the thread last made progress, for a health check to tell a stuck thread from an idle one.
@@ -96,7 +97,7 @@ class ModelThread:
     def activity(self) -> ModelActivity:
         """Whether the thread is alive, has work (queued or running), and how long since its last step; an idle
         thread's clock starts again when work arrives. Safe to call from any thread."""
-        working = bool(self._current) or not self._jobs.empty()
+        working = bool(self._current) or not self._jobs.empty() or self._trimming
         return ModelActivity(alive=self._thread.is_alive(), working=working,
                              seconds_since_progress=time.monotonic() - self._progress_at,
                              detail="" if self._thread.is_alive() or self._exited is None else "it has exited")
@@ -172,7 +173,9 @@ class ModelThread:
             if not self._paused and self._jobs.empty():
                 # Idle: a batch's activations were freed into glibc's heap, which keeps them (load_leftovers.py);
                 # handed back, the process holds what the model and the caches need, not its busiest moment's.
+                self._trimming = True  # still working until it is done: what the benchmark waits for
                 trim_heap()
+                self._trimming = False
 
     def _run_batch(self, loaded: LoadedModel, resumed: list[BatchRow], jobs: list[Job]) -> list[BatchRow]:
         """Generate for the resumed rows and every live new job in one batch; return the rows it paused. An error

@@ -1,58 +1,156 @@
 """KV caches of token prefixes kept between batches, so a prompt is computed only past what an earlier one shared.
 
 Runs on the model thread only. Two kinds of prefix come back again and again in this bot: the system prompt with the
-tool descriptions (the same ~650 tokens for every chat with the same tools), and, within a ReAct turn, the previous
-call's prompt plus what the model wrote (the next call adds only the observation). Each finished row stores the KV of
-its whole sequence; a new row starts from the longest stored sequence it shares a prefix with, cut to that prefix
-(the KV of a position depends only on the tokens before it, so any prefix of a stored sequence is itself valid).
+tool descriptions (the same ~650-900 tokens for every chat with the same tools), and, within a ReAct turn, the
+previous call's prompt plus what the model wrote (the next call adds only the observation). Each finished row stores
+the KV of its whole sequence; a new row starts from the longest stored prefix it shares (the KV of a position depends
+only on the tokens before it, so any prefix of a stored sequence is itself valid).
 
-The store is bounded by bytes, least recently used out. A stored sequence that is a prefix of a newer one is
-dropped, being contained in it: one conversation holds one entry, however many calls it made.
+The sequences are kept as a tree of runs of tokens (a radix tree, as SGLang's RadixAttention keeps its cache): what
+several sequences share is held once, each keeps only the KV past where it parts from the others. A bench's store
+held 15 conversations' 15,862 tokens as 3,284 (bench/README.md § "The prefix store holds a shared prefix once");
+one conversation growing call by call is one branch. Bounded by bytes, the least recently used branch's end out
+first.
+
+A `Hit` is what a prompt reuses: the runs from the first token on and how many of their tokens. Runs are never
+changed once made (a run split in two becomes two new runs), so a hit stays valid while the tree changes.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys and values, each [1, heads, length, head_dim]
 
 
-@dataclass
+@dataclass(eq=False)
 class CachedPrefix:
-    """One stored sequence: its tokens and the KV of every one of them."""
+    """One run of tokens and the KV of every one of them (a whole sequence, or a piece of one in the store)."""
 
     tokens: torch.Tensor  # 1-D, int64, on the CPU
     layers: Layers
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
     @property
     def nbytes(self) -> int:
         """Memory held by the keys and values."""
         return sum(k.nelement() * k.element_size() + v.nelement() * v.element_size() for k, v in self.layers)
 
-    def common_length(self, prompt: torch.Tensor) -> int:
-        """How many leading tokens this sequence and `prompt` share."""
-        width = min(len(self.tokens), len(prompt))
-        differ = torch.nonzero(self.tokens[:width] != prompt[:width])
+    def common_length(self, tokens: torch.Tensor) -> int:
+        """How many leading tokens this run and `tokens` share."""
+        width = min(len(self.tokens), len(tokens))
+        differ = torch.nonzero(self.tokens[:width] != tokens[:width])
         return int(differ[0]) if len(differ) else width
 
+    def cut(self, start: int, end: int | None = None) -> CachedPrefix:
+        """A run of its own (copied, so this one's memory can go) of tokens `start` to `end`."""
+        return CachedPrefix(self.tokens[start:end].clone(),
+                            [(k[:, :, start:end].clone(), v[:, :, start:end].clone()) for k, v in self.layers])
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)
 class Hit:
-    """What a prompt may reuse: the entry and how many of its leading tokens (0: nothing)."""
+    """What a prompt may reuse: `runs` one after another from its first token, of which the first `length` tokens
+    (0 and no runs: nothing)."""
 
-    entry: CachedPrefix | None
+    runs: tuple[CachedPrefix, ...]
     length: int
 
-    def layers(self) -> Layers:
-        """The reusable keys and values, cut to the shared prefix."""
-        assert self.entry is not None
-        return [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in self.entry.layers]
+    @classmethod
+    def whole(cls, prefix: CachedPrefix) -> Hit:
+        """All of one run."""
+        return cls((prefix,), len(prefix))
+
+    def cut(self, length: int) -> Hit:
+        """The same runs, reusing only their first `length` tokens."""
+        assert length <= self.length
+        return Hit(self.runs, length)
+
+    def then(self, run: CachedPrefix) -> Hit:
+        """This hit followed by `run`, which holds the tokens from position `length` on."""
+        runs, start = [], 0
+        for old in self.runs:
+            if start >= self.length:
+                break
+            used = min(len(old), self.length - start)
+            runs.append(old if used == len(old) else old.cut(0, used))
+            start += used
+        return Hit((*runs, run), self.length + len(run))
+
+    def pieces(self, layer: int, start: int = 0) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Layer `layer`'s reusable keys and values from position `start` on, run by run: (first position, keys,
+        values), views, in order."""
+        found = []
+        for first, run in zip(self._starts(), self.runs):
+            end = min(first + len(run), self.length)
+            if end <= start:
+                continue
+            if first >= self.length:
+                break
+            keys, values = run.layers[layer]
+            skip = max(start - first, 0)
+            found.append((first + skip, keys[:, :, skip: end - first], values[:, :, skip: end - first]))
+        return found
+
+    def layers(self, start: int = 0) -> Layers:
+        """The reusable keys and values from position `start` on, one tensor a layer (a copy where they lie in
+        several runs)."""
+        if not self.runs or start >= self.length:
+            return []
+        return [_joined(self.pieces(index, start)) for index in range(len(self.runs[0].layers))]
+
+    def tokens(self) -> torch.Tensor:
+        """The reused tokens."""
+        return torch.cat([run.tokens for run in self.runs])[: self.length] if self.runs else torch.empty(0, dtype=torch.long)
+
+    def same_columns(self, other: Hit, limit: int) -> int:
+        """How many of the first `limit` positions hold the very same tokens and KV in both hits: the runs they share
+        count without a look; past those, the tokens and then the KV are compared."""
+        same = 0
+        for mine, theirs in zip(self.runs, other.runs):
+            if mine is not theirs:
+                break
+            same += len(mine)
+        if same >= limit:
+            return limit
+        tokens, others = self.tokens()[same:limit], other.tokens()[same:limit]
+        width = min(len(tokens), len(others))
+        differ = torch.nonzero(tokens[:width] != others[:width])
+        end = same + (int(differ[0]) if len(differ) else width)
+        mine_kv, their_kv = self.cut(end).layers(), other.cut(end).layers()
+        for (keys, values), (their_keys, their_values) in zip(mine_kv, their_kv):
+            if not (torch.equal(keys[:, :, same:], their_keys[:, :, same:])
+                    and torch.equal(values[:, :, same:], their_values[:, :, same:])):
+                return same
+        return end
+
+    def _starts(self) -> list[int]:
+        return [0, *accumulate(len(run) for run in self.runs)][:-1]
 
 
-MISS = Hit(None, 0)
+MISS = Hit((), 0)
+
+
+def _joined(pieces: list[tuple[int, torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    if len(pieces) == 1:
+        return pieces[0][1], pieces[0][2]
+    return torch.cat([keys for _, keys, _ in pieces], dim=2), torch.cat([values for _, _, values in pieces], dim=2)
+
+
+@dataclass(eq=False)
+class _Node:
+    """A place in the tree: the run its branch adds, the branches that go on from it (by their first token), and
+    when a sequence through it was last stored or reused."""
+
+    run: CachedPrefix
+    parent: _Node | None = None
+    children: dict[int, _Node] = field(default_factory=dict)
+    used: int = 0
 
 
 class PrefixStore:
@@ -60,54 +158,122 @@ class PrefixStore:
 
     def __init__(self, budget_bytes: int):
         self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[int, CachedPrefix] = OrderedDict()  # oldest use first
-        self._next_key = 0
+        self._root = _Node(CachedPrefix(torch.empty(0, dtype=torch.long), []))
+        self._nbytes = 0
+        self._clock = 0
         self.reused_tokens = 0  # totals since start, for the benchmark and the log
         self.computed_tokens = 0
 
     @property
     def nbytes(self) -> int:
-        """Memory held by every entry."""
-        return sum(entry.nbytes for entry in self._entries.values())
+        """Memory held by every run."""
+        return self._nbytes
 
     def __len__(self) -> int:
-        return len(self._entries)
+        """How many sequences it holds (ends of branches)."""
+        return sum(1 for node in self._nodes() if not node.children)
 
     def longest(self, prompt: list[int]) -> Hit:
         """The longest stored prefix of `prompt`, leaving at least its last token to compute (its logits are
         what the next token is chosen from)."""
-        if not self._entries or len(prompt) < 2:
+        if len(prompt) < 2 or not self._root.children:
             return MISS
-        wanted = torch.tensor(prompt, dtype=torch.long)
-        best, best_length = None, 0
-        for key, entry in self._entries.items():
-            length = min(entry.common_length(wanted), len(prompt) - 1)
-            if length > best_length:
-                best, best_length = key, length
-        if best is None:
+        path, matched = self._walk(torch.tensor(prompt, dtype=torch.long))
+        length = min(matched, len(prompt) - 1)
+        if not length:
             return MISS
-        self._entries.move_to_end(best)
-        return Hit(self._entries[best], best_length)
+        self._touch(path[-1][0])
+        runs, start = [], 0
+        for node, _ in path:
+            if start >= length:
+                break
+            runs.append(node.run)
+            start += len(node.run)
+        return Hit(tuple(runs), length)
 
-    def put(self, tokens: list[int], layers: Layers) -> None:
-        """Store the KV of `tokens` (one per token), dropping what it contains and what the budget cannot keep."""
+    def known_length(self, tokens: list[int]) -> int:
+        """How many leading tokens of `tokens` the store holds the KV of already."""
+        return self._walk(torch.tensor(tokens, dtype=torch.long))[1] if self._root.children and tokens else 0
+
+    def put(self, tokens: list[int], layers: Layers, start: int = 0) -> None:
+        """Store the KV of `tokens`, whose `layers` hold positions `start` on (the store knowing the ones before:
+        `known_length`); only what the store does not hold yet takes memory, and what the budget cannot keep goes,
+        least recently used first."""
         if not self.budget_bytes or not tokens:
             return
-        entry = CachedPrefix(torch.tensor(tokens, dtype=torch.long), layers)
-        if entry.nbytes > self.budget_bytes:
+        wanted = torch.tensor(tokens, dtype=torch.long)
+        path, matched = self._walk(wanted)
+        if matched < start:  # the store no longer holds what the caller left out
             return
-        for key in [k for k, old in self._entries.items() if _is_prefix(old.tokens, entry.tokens)]:
-            del self._entries[key]
-        self._entries[self._next_key] = entry
-        self._next_key += 1
-        while self.nbytes > self.budget_bytes:
-            self._entries.popitem(last=False)
+        if matched == len(tokens):  # held already, within or at the end of a branch
+            self._touch(path[-1][0])
+            return
+        new = CachedPrefix(wanted[matched:], [(k[:, :, matched - start:], v[:, :, matched - start:])
+                                              for k, v in layers])
+        if new.nbytes > self.budget_bytes:
+            return
+        if matched > start:  # a view of the caller's tensors would keep their shared columns alive
+            new = new.cut(0)
+        node = self._add(self._split(*path[-1]) if path else self._root, new)
+        self._touch(node)
+        self._evict()
 
     def count(self, reused: int, computed: int) -> None:
         """Add one row's prompt tokens to the totals."""
         self.reused_tokens += reused
         self.computed_tokens += computed
 
+    def _walk(self, tokens: torch.Tensor) -> tuple[list[tuple[_Node, int]], int]:
+        """The nodes whose runs `tokens` follows from the root, each with how many of its run's tokens it shares
+        (all but maybe the last node's), and how many tokens that makes."""
+        path, node, position = [], self._root, 0
+        while position < len(tokens):
+            child = node.children.get(int(tokens[position]))
+            if child is None:
+                break
+            shared = child.run.common_length(tokens[position:])
+            path.append((child, shared))
+            position += shared
+            if shared < len(child.run):
+                break
+            node = child
+        return path, position
 
-def _is_prefix(shorter: torch.Tensor, longer: torch.Tensor) -> bool:
-    return len(shorter) <= len(longer) and bool(torch.equal(shorter, longer[: len(shorter)]))
+    def _split(self, node: _Node, keep: int) -> _Node:
+        """`node` cut after its first `keep` tokens, the rest a branch of its own below it; the node holding the
+        first part (itself when it is kept whole). New runs for both parts: a hit may hold the old one."""
+        if keep == len(node.run):
+            return node
+        rest = _Node(node.run.cut(keep), parent=node, children=node.children, used=node.used)
+        for child in rest.children.values():
+            child.parent = rest
+        node.run, node.children = node.run.cut(0, keep), {int(rest.run.tokens[0]): rest}
+        return node
+
+    def _add(self, parent: _Node, run: CachedPrefix) -> _Node:
+        node = _Node(run, parent=parent)
+        parent.children[int(run.tokens[0])] = node
+        self._nbytes += run.nbytes
+        return node
+
+    def _touch(self, node: _Node) -> None:
+        self._clock += 1
+        while node is not None:
+            node.used = self._clock
+            node = node.parent
+
+    def _evict(self) -> None:
+        """Drop the least recently used branch ends until the store is within its budget."""
+        while self._nbytes > self.budget_bytes:
+            oldest = min((node for node in self._nodes() if not node.children), key=lambda node: node.used)
+            assert oldest.parent is not None
+            del oldest.parent.children[int(oldest.run.tokens[0])]
+            self._nbytes -= oldest.run.nbytes
+
+    def _nodes(self) -> list[_Node]:
+        found, waiting = [], list(self._root.children.values())
+        while waiting:
+            node = waiting.pop()
+            found.append(node)
+            waiting.extend(node.children.values())
+        return found
