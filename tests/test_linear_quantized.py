@@ -17,7 +17,7 @@ from agent.grammar import GrammarLimits
 from agent.llm.base import ModelRequest
 from agent.llm.engine import internals
 from agent.llm.engine.linear_int4 import GROUP, Int4Linear, quantize_int4
-from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear, quantize_int8
+from agent.llm.engine.linear_int8 import ROW_BLOCK, Int8Linear, OutputInt8Linear, quantize_int8
 from agent.llm.engine.weights import speed_up
 from agent.react import parse_react
 from agent.steps import ToolRequest
@@ -85,6 +85,15 @@ def test_a_row_is_computed_on_its_own_whatever_else_the_batch_holds(kind) -> Non
     with torch.inference_mode():
         together = linear(rows)
         for index in range(7):
+            assert torch.equal(linear(rows[index:index + 1])[0], together[index])
+
+
+def test_a_prompt_longer_than_a_block_of_rows_gives_what_each_row_gives_alone() -> None:
+    linear = Int8Linear(layer())
+    rows = torch.randn(2 * ROW_BLOCK + 37, 128).to(torch.bfloat16)
+    with torch.inference_mode():
+        together = linear(rows[None])[0]
+        for index in (0, ROW_BLOCK - 1, ROW_BLOCK, 2 * ROW_BLOCK + 36):
             assert torch.equal(linear(rows[index:index + 1])[0], together[index])
 
 
