@@ -127,6 +127,18 @@ def test_a_hit_stays_valid_when_a_later_sequence_splits_the_run_it_reuses() -> N
     assert store.longest(first[:20] + [7, 7, 7, 1]).length == 23
 
 
+def test_the_store_keeps_its_own_copy_of_columns_handed_over_as_part_of_a_larger_tensor() -> None:
+    store = PrefixStore(budget_bytes=1 << 20)
+    tokens = list(range(40))
+    whole = numbered_kv(tokens)
+    store.put(tokens[:10], [(k[:, :, :10], v[:, :, :10]) for k, v in whole])  # views of 40 columns
+    store.put(tokens, [(k[:, :, 10:], v[:, :, 10:]) for k, v in whole], start=10)
+    held = [run.layers[0][0] for run in store.longest(tokens + [1]).runs]
+    assert [t.shape[2] for t in held] == [10, 30]
+    assert [t.untyped_storage().nbytes() for t in held] == [t.nelement() * 4 for t in held]
+    assert torch.equal(torch.cat(held, dim=2), whole[0][0])
+
+
 def test_a_budget_drops_the_least_recently_used_conversation_first_and_keeps_the_shared_prompt() -> None:
     system = list(range(1000, 1100))
     per_token = sum(k[:, :, :1].nelement() * 4 * 2 for k, _ in numbered_kv([1]))

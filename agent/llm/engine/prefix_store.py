@@ -136,6 +136,11 @@ class Hit:
 MISS = Hit((), 0)
 
 
+def _holds_more(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a view of a larger storage."""
+    return tensor.untyped_storage().nbytes() > tensor.nelement() * tensor.element_size()
+
+
 def _joined(pieces: list[tuple[int, torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
     if len(pieces) == 1:
         return pieces[0][1], pieces[0][2]
@@ -212,8 +217,8 @@ class PrefixStore:
                                               for k, v in layers])
         if new.nbytes > self.budget_bytes:
             return
-        if matched > start:  # a view of the caller's tensors would keep their shared columns alive
-            new = new.cut(0)
+        if any(_holds_more(keys) or _holds_more(values) for keys, values in new.layers):
+            new = new.cut(0)  # a view would keep the rest of the caller's tensor alive, uncounted
         node = self._add(self._split(*path[-1]) if path else self._root, new)
         self._touch(node)
         self._evict()
