@@ -3,9 +3,9 @@
 oneDNN (torch's CPU kernels for bf16 and int8 products) compiles a primitive for each shape it meets and keeps it in
 a cache of 1,024 by default. A product's shape includes its rows, and every prompt computed has a length of its own:
 at the 0.5B shape each new length kept about 1.3 MiB (a model's five kinds of product), a hundred prompts 130 MiB,
-held for good (bench/README.md § "oneDNN's kernel cache"). Decode steps meet a few shapes again and again (1-8 rows,
-with their guessed tokens), which a small cache keeps hot; a prompt's length rarely comes back, so recompiling one
-costs nothing that keeping it would have saved.
+held for good (bench/README.md § "Side by side after the prefix tree"). Decode steps meet a few shapes again and
+again (1-8 rows, with their guessed tokens), which a small cache keeps hot; a prompt's length rarely comes back, so
+recompiling one costs nothing that keeping it would have saved.
 
 oneDNN reads the capacity from its environment variable when it first builds a primitive, so `limit` must run before
 the model loads; in a process that already ran a product it changes nothing (the tests and benchmarks start fresh).

@@ -8,7 +8,7 @@ only on the tokens before it, so any prefix of a stored sequence is itself valid
 
 The sequences are kept as a tree of runs of tokens (a radix tree, as SGLang's RadixAttention keeps its cache): what
 several sequences share is held once, each keeps only the KV past where it parts from the others. A bench's store
-held 15 conversations' 15,862 tokens as 3,284 (bench/README.md § "The prefix store holds a shared prefix once");
+held 15 conversations' 15,862 tokens as 3,284 (bench/README.md § "Side by side after the prefix tree");
 one conversation growing call by call is one branch. Bounded by bytes, the least recently used branch's end out
 first.
 
@@ -43,9 +43,7 @@ class CachedPrefix:
 
     def common_length(self, tokens: torch.Tensor) -> int:
         """How many leading tokens this run and `tokens` share."""
-        width = min(len(self.tokens), len(tokens))
-        differ = torch.nonzero(self.tokens[:width] != tokens[:width])
-        return int(differ[0]) if len(differ) else width
+        return _common_length(self.tokens, tokens)
 
     def cut(self, start: int, end: int | None = None) -> CachedPrefix:
         """A run of its own (copied, so this one's memory can go) of tokens `start` to `end`."""
@@ -106,7 +104,9 @@ class Hit:
 
     def tokens(self) -> torch.Tensor:
         """The reused tokens."""
-        return torch.cat([run.tokens for run in self.runs])[: self.length] if self.runs else torch.empty(0, dtype=torch.long)
+        if not self.runs:
+            return torch.empty(0, dtype=torch.long)
+        return torch.cat([run.tokens for run in self.runs])[: self.length]
 
     def same_columns(self, other: Hit, limit: int) -> int:
         """How many of the first `limit` positions hold the very same tokens and KV in both hits: the runs they share
@@ -118,10 +118,7 @@ class Hit:
             same += len(mine)
         if same >= limit:
             return limit
-        tokens, others = self.tokens()[same:limit], other.tokens()[same:limit]
-        width = min(len(tokens), len(others))
-        differ = torch.nonzero(tokens[:width] != others[:width])
-        end = same + (int(differ[0]) if len(differ) else width)
+        end = same + _common_length(self.tokens()[same:limit], other.tokens()[same:limit])
         mine_kv, their_kv = self.cut(end).layers(), other.cut(end).layers()
         for (keys, values), (their_keys, their_values) in zip(mine_kv, their_kv):
             if not (torch.equal(keys[:, :, same:], their_keys[:, :, same:])
@@ -134,6 +131,13 @@ class Hit:
 
 
 MISS = Hit((), 0)
+
+
+def _common_length(one: torch.Tensor, other: torch.Tensor) -> int:
+    """How many leading tokens two 1-D token tensors share."""
+    width = min(len(one), len(other))
+    differ = torch.nonzero(one[:width] != other[:width])
+    return int(differ[0]) if len(differ) else width
 
 
 def _holds_more(tensor: torch.Tensor) -> bool:
