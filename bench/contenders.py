@@ -145,6 +145,7 @@ def backend_for(spec: Spec, settings: Settings) -> LLM:
                     batch_wait_ms=spec.batch_wait_ms, min_new_tokens=max(spec.new_tokens, spec.probe_tokens),
                     converted_dir=Path(spec.converted_dir) if spec.converted_dir else None,
                     prefix_cache_mb=spec.prefix_cache_mb, kernel_cache_entries=settings.engine.kernel_cache_entries,
+                    int8_kept=settings.model.model_int8_kept,
                     speculative=SpeculativeLimits(settings.engine.speculative_tokens, settings.engine.speculative_step_tokens))
 
 

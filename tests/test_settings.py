@@ -86,6 +86,7 @@ def test_empty_or_blank_values_mean_the_default():
     ("TYPING_INTERVAL_SECONDS", "0", "greater than 0"),
     ("OPENAI_MAX_RETRIES", "-1", "0 or more"),
     ("KERNEL_CACHE_ENTRIES", "-1", "0 or more"),
+    ("MODEL_INT8_KEPT", "-1", "0 or more"),
     ("OPENAI_SILENCE_SECONDS", "0", "greater than 0"),
     ("OPENAI_FIRST_TOKEN_SECONDS", "-1", "greater than 0"),
     ("STREAM_INTERVAL_SECONDS", "0", "greater than 0"),

@@ -20,6 +20,7 @@ from agent.llm.engine.admission import BatchLimits, FairAdmission
 from agent.llm.engine.jobs import Job
 from agent.llm.engine.loading import check_dtype_setting, load_model, resolve_model
 from agent.llm.engine.model_thread import ModelThread
+from agent.llm.engine.saved_int8 import KEPT as INT8_KEPT
 from agent.llm.engine.speculative import SpeculativeLimits
 
 
@@ -33,7 +34,7 @@ class LocalLLM(LLM):
                  prefix_cache_mb: int | None = 0, base_dir: Path | None = None, cache_dir: Path | None = None,
                  native_tools: bool = False, speculative: SpeculativeLimits = SpeculativeLimits(),
                  low_priority_rows: int = BatchLimits.low_priority_rows,
-                 kernel_cache_entries: int = kernel_cache.KERNEL_CACHE_ENTRIES):
+                 kernel_cache_entries: int = kernel_cache.KERNEL_CACHE_ENTRIES, int8_kept: int = INT8_KEPT):
         self.model_setting = model
         self.speculative = speculative
         self.converted_dir = converted_dir
@@ -49,6 +50,7 @@ class LocalLLM(LLM):
         self.low_priority_rows = low_priority_rows  # background rows (summaries) a batch may hold at once
         self.min_new_tokens = min_new_tokens  # benchmarks only: fixed-length generations
         self.kernel_cache_entries = kernel_cache_entries
+        self.int8_kept = int8_kept  # models whose int8 weights stay saved in converted_dir (engine/saved_int8.py)
         self._thread: ModelThread | None = None
         self._counter: Any = None  # the event loop's own tokenizer, for count_tokens
 
@@ -58,7 +60,7 @@ class LocalLLM(LLM):
         check_dtype_setting(self.dtype)
         kernel_cache.limit(self.kernel_cache_entries)  # before loading: oneDNN reads it at its first kernel
         thread = ModelThread(lambda: load_model(source, self.device_map, self.dtype, self.converted_dir,
-                                                self.cache_dir, self.native_tools),
+                                                self.cache_dir, self.native_tools, self.int8_kept),
                              admission=FairAdmission(self.batch_size, self.batch_wait_ms / 1000,
                                                      self.low_priority_rows),
                              min_new_tokens=self.min_new_tokens,

@@ -31,6 +31,7 @@ from agent.llm.base import MODEL_DTYPES
 from agent.llm.engine.admission import BatchLimits
 from agent.llm.engine.speculative import SpeculativeLimits
 from agent.llm.engine.kernel_cache import KERNEL_CACHE_ENTRIES
+from agent.llm.engine.saved_int8 import KEPT as INT8_KEPT
 from agent.llm.openai_stream import ServerLimits, StreamLimits
 from agent.loop import AgentLimits
 from agent.prompts import REACT_LAYOUTS
@@ -164,12 +165,14 @@ class ModelSettings:
     model_dtype: str = "auto"
     model_cache_dir: Path = Path("models")
     model_converted_dir: Path = Path("converted-models")
+    model_int8_kept: int = INT8_KEPT  # models whose int8 weights stay saved there (engine/saved_int8.py)
     tokenizer_vocab_path: Path = Path("qwen.tiktoken")
 
     def validate(self) -> None:
-        """Refuse a backend or dtype the bot does not have."""
+        """Refuse a backend or dtype the bot does not have, a negative count of saved int8 models."""
         one_of("LLM_BACKEND", self.llm_backend, LLM_BACKENDS)
         one_of("MODEL_DTYPE", self.model_dtype, MODEL_DTYPES)
+        not_negative(self, ("model_int8_kept",))
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,8 @@ def local_llm(settings: Settings) -> LLM:
                     converted_dir=model.model_converted_dir, prefix_cache_mb=engine.prefix_cache_megabytes(),
                     base_dir=settings.storage.data_dir, cache_dir=model.model_cache_dir,
                     native_tools=settings.agent.agent_mode == "native", speculative=speculative,
-                    low_priority_rows=engine.low_priority_rows, kernel_cache_entries=engine.kernel_cache_entries)
+                    low_priority_rows=engine.low_priority_rows, kernel_cache_entries=engine.kernel_cache_entries,
+                    int8_kept=model.model_int8_kept)
 
 
 def openai_llm(settings: Settings) -> LLM:

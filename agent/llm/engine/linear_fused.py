@@ -16,6 +16,7 @@ column is the same dot product as before, bit for bit (tests/test_linear_fused.p
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import torch
@@ -24,26 +25,21 @@ import torch
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 # Where the stacked layer is registered on the module, per group.
 STACKED_NAMES = {"q_proj": "qkv_proj", "gate_proj": "gate_up_proj"}
+# Builds a stack's layer from its shape (a meta `nn.Linear` holding the stacked bias), or None (stack the weights).
+MakeStacked = Callable[[torch.nn.Linear], "torch.nn.Module | None"]
 
 
 class StackedProjections(torch.nn.Module):
     """One linear layer computing several projections of the same input; keeps its last input and output until
     each projection's slice has taken its columns of that product."""
 
-    def __init__(self, linears: Sequence[torch.nn.Linear]):
+    def __init__(self, linears: Sequence[torch.nn.Linear], make: MakeStacked | None = None):
+        """`make`: builds the layer computing the stack from its shape (an `nn.Linear` on the meta device with the
+        stacked bias), instead of stacking the float weights: int8 weights saved at an earlier start
+        (saved_int8.py). Where it gives None the float weights are stacked after all."""
         super().__init__()
-        first = linears[0]
-        # skip_init: no random values drawn for a weight the stack overwrites (a fifth of a small model's start)
-        self.stacked = torch.nn.utils.skip_init(
-            torch.nn.Linear, first.in_features, sum(linear.out_features for linear in linears),
-            bias=any(linear.bias is not None for linear in linears), device=first.weight.device,
-            dtype=first.weight.dtype)
-        with torch.no_grad():
-            self.stacked.weight.copy_(torch.cat([linear.weight for linear in linears]))
-            if self.stacked.bias is not None:
-                self.stacked.bias.copy_(torch.cat([linear.bias if linear.bias is not None else
-                                                   linear.weight.new_zeros(linear.out_features)
-                                                   for linear in linears]))
+        made = make(stacked_linear(linears, weights=False)) if make is not None else None
+        self.stacked = made or stacked_linear(linears)
         self.parts = len(linears)
         self._input: torch.Tensor | None = None
         self._output: torch.Tensor | None = None
@@ -63,6 +59,24 @@ class StackedProjections(torch.nn.Module):
         return output[..., start:end]  # type: ignore[index]
 
 
+def stacked_linear(linears: Sequence[torch.nn.Linear], weights: bool = True) -> torch.nn.Linear:
+    """One `nn.Linear` computing `linears`' outputs one after the other: their weights stacked (or, without
+    `weights`, only the stack's shape: its weight on the meta device), their biases stacked (zeros for one without)."""
+    first = linears[0]
+    # Made on the meta device, then given the stack as its weight: nothing allocated or drawn at random for a
+    # weight replaced at once (drawing was a fifth of a small model's start), and one copy of the weights, not two.
+    stacked = torch.nn.Linear(first.in_features, sum(linear.out_features for linear in linears), bias=False,
+                              device="meta", dtype=first.weight.dtype)
+    with torch.no_grad():
+        if weights:
+            stacked.weight = torch.nn.Parameter(torch.cat([linear.weight for linear in linears]))
+        if any(linear.bias is not None for linear in linears):
+            stacked.bias = torch.nn.Parameter(torch.cat([linear.bias if linear.bias is not None else
+                                                         linear.weight.new_zeros(linear.out_features)
+                                                         for linear in linears]))
+    return stacked
+
+
 class ProjectionSlice(torch.nn.Module):
     """One projection's place in the model: its columns of the stacked product."""
 
@@ -76,17 +90,20 @@ class ProjectionSlice(torch.nn.Module):
         return self._source[0].columns(inputs, self.start, self.end)
 
 
-def fuse_projections(model: Any, between: Callable[[], Any] | None = None) -> int:
+def fuse_projections(model: Any, between: Callable[[], Any] | None = None,
+                     make: Callable[[str, torch.nn.Linear], torch.nn.Module | None] | None = None) -> int:
     """Stack each module's query/key/value and gate/up projections (plain `nn.Linear`s of one input size and
     dtype) into one layer; returns how many stacks were made. `between` is called after each stack (loading hands
-    back the unstacked weights' memory there: load_leftovers.py)."""
+    back the unstacked weights' memory there: load_leftovers.py). `make(name, shape)`: the layer of stack `name` (as
+    `named_modules` will call it), built from its shape where it can be (`StackedProjections`)."""
     count = 0
-    for module in list(model.modules()):
+    for module_name, module in list(model.named_modules()):
         for names in GROUPS:
             linears = [getattr(module, name, None) for name in names]
             if not _stackable(linears):
                 continue
-            source = StackedProjections(linears)  # type: ignore[arg-type]
+            stack_name = f"{module_name}.{STACKED_NAMES[names[0]]}.stacked".lstrip(".")
+            source = StackedProjections(linears, functools.partial(make, stack_name) if make else None)  # type: ignore
             setattr(module, STACKED_NAMES[names[0]], source)
             start = 0
             for name, linear in zip(names, linears):

@@ -84,7 +84,7 @@ def quantize_int4(model: Any, output_in_int8: bool = True, between: Callable[[],
     weights (`output_in_int8`, where that kernel runs); returns the model."""
     output = output_layer(model)
 
-    def make(linear: torch.nn.Linear) -> torch.nn.Module | None:
+    def make(linear: torch.nn.Linear, name: str) -> torch.nn.Module | None:
         if linear is output and output_in_int8:
             return OutputInt8Linear(linear)
         return Int4Linear(linear) if fits(linear) else None

@@ -20,11 +20,16 @@ it is gone the layers stay as loaded, with one log line.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from agent.llm.engine.internals import int8_activation_bits, int8_linear, int8_pack, int8_weight_only_linear
+
+if TYPE_CHECKING:
+    from agent.llm.engine.saved_int8 import SavedLevels
+
+Levels = tuple[torch.Tensor, torch.Tensor]  # a weight's int8 levels [out, in] and float32 scale per output
 
 # The self-test's bound (internals.py): the product's largest difference from `F.linear` over the de-quantized
 # weight, as a share of the largest output. Seven-bit activations give about 0.02; a wrong layout gives ~1.
@@ -41,11 +46,13 @@ ROW_BLOCK = 256
 class Int8Linear(torch.nn.Module):
     """`nn.Linear`'s forward with its weight in int8 (packed for oneDNN); inputs and outputs in the model's dtype."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, levels: Levels | None = None):
+        """`levels`: `per_channel_int8` of the weight, computed before (saved_int8.py; then `linear` may be on the
+        meta device, its shape and bias all that is read), else computed here."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
-        self.packed = int8_pack(*per_channel_int8(linear.weight))  # oneDNN's opaque tensor: not a buffer
+        self.packed = int8_pack(*(levels or per_channel_int8(linear.weight)))  # oneDNN's opaque tensor: no buffer
         self.bias = linear.bias  # added after the rows are scaled back (see forward)
         self.levels = (1 << (int8_activation_bits() - 1)) - 1  # 127, or 63 where 8 bits would overflow
         self.nbytes = linear.out_features * (linear.in_features + 4)  # the int8 weight and its scales
@@ -85,10 +92,10 @@ class OutputInt8Linear(torch.nn.Module):
     scores decide every token, and a small model's top two are often close, so its inputs are not rounded to the
     seven bits of `Int8Linear`'s (which turned greedy answers of the test model); each row computed on its own."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, levels: Levels | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        levels, scales = per_channel_int8(linear.weight)
+        levels, scales = levels or per_channel_int8(linear.weight)
         self.register_buffer("weight_int8", levels)
         self.register_buffer("scales", scales.to(linear.weight.dtype))
         self.bias = linear.bias
@@ -138,31 +145,48 @@ def output_layer(model: Any) -> torch.nn.Module | None:
     return model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
 
 
-def quantize_int8(model: Any, output_weight_only: bool = True, between: Callable[[], Any] | None = None) -> Any:
+def quantize_int8(model: Any, output_weight_only: bool = True, between: Callable[[], Any] | None = None,
+                  saved: SavedLevels | None = None) -> Any:
     """The model with its linear layers in int8 (MODEL_DTYPE=int8), replaced in place; the output layer's inputs
-    left unrounded (`OutputInt8Linear`) where `output_weight_only`; returns the model."""
+    left unrounded (`OutputInt8Linear`) where `output_weight_only`; returns the model. With `saved`, each layer's
+    levels are read from there, or computed and saved there (saved_int8.py)."""
     output = output_layer(model)
 
-    def make(linear: torch.nn.Linear) -> torch.nn.Module:
-        return OutputInt8Linear(linear) if linear is output and output_weight_only else Int8Linear(linear)
+    def make(linear: torch.nn.Linear, name: str) -> torch.nn.Module:
+        levels = saved_or_computed(saved, name, linear)
+        if linear is output and output_weight_only:
+            return OutputInt8Linear(linear, levels)
+        return Int8Linear(linear, levels)
 
     quantize_linears(model, make, between)
+    if saved is not None:
+        saved.finish()
     return model
 
 
-def quantize_linears(model: Any, make: Callable[[torch.nn.Linear], torch.nn.Module | None],
+def saved_or_computed(saved: SavedLevels | None, name: str, linear: torch.nn.Linear) -> Levels:
+    """Layer `name`'s levels: saved before, or computed now (and saved, where `saved` is being written)."""
+    levels = saved.get(name, linear.out_features, linear.in_features) if saved is not None else None
+    if levels is None:
+        levels = per_channel_int8(linear.weight)
+        if saved is not None:
+            saved.put(name, *levels)
+    return levels
+
+
+def quantize_linears(model: Any, make: Callable[[torch.nn.Linear, str], torch.nn.Module | None],
                      between: Callable[[], Any] | None = None) -> int:
-    """Replace every float `nn.Linear` of `model` on the CPU by `make(layer)` (None: keep it), one at a time, so
-    that a layer's float weight is let go before the next is quantized; returns how many were replaced. A tied
+    """Replace every float `nn.Linear` of `model` on the CPU by `make(layer, its name)` (None: keep it), one at a
+    time, so that a layer's float weight is let go before the next is quantized; returns how many were replaced. A tied
     output layer gets a quantized copy; the embedding keeps its weight. `between` is called after each (loading
     hands back the float weight's memory there: load_leftovers.py)."""
     count = 0
-    for parent in list(model.modules()):
+    for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if type(child) is not torch.nn.Linear or child.weight.device.type != "cpu":
                 continue
             with torch.no_grad():
-                replacement = make(child)
+                replacement = make(child, f"{parent_name}.{name}" if parent_name else name)
             if replacement is not None:
                 setattr(parent, name, replacement)
                 count += 1

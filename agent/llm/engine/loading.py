@@ -23,6 +23,7 @@ from agent.llm.engine.check_record import CheckRecord
 from agent.llm.engine.load_leftovers import LoadLeftovers
 from agent.llm.engine.grammar_masks import GrammarEngine
 from agent.llm.engine.model_thread import LoadedModel
+from agent.llm.engine.saved_int8 import KEPT, saved_levels
 from agent.llm.engine.weights import speed_up
 
 log = logging.getLogger(__name__)
@@ -150,13 +151,14 @@ def load_options(source: ModelSource, cache_dir: Path | None) -> dict[str, Any]:
 
 def load_model(source: ModelSource, device_map: str, dtype_setting: str,
                converted_dir: Path | None = None, cache_dir: Path | None = None,
-               native_tools: bool = False) -> LoadedModel:
+               native_tools: bool = False, int8_kept: int = KEPT) -> LoadedModel:
     """Load tokenizer and model (on the model thread); every failure becomes one clear `ModelLoadError` line.
 
     A GGUF file is converted on its first load (tokenizer built, weights de-quantized: a minute on a small CPU)
     and, with `converted_dir`, saved there in transformers' own format, so later starts load in seconds. A hub
     id is looked for, and downloaded, in `cache_dir`. `native_tools`: the agent will offer tools through the chat
     template (AGENT_MODE=native), so the template must render them; that is checked before the weights load.
+    int8 weights are saved in `converted_dir` too, for the `int8_kept` models last used (saved_int8.py).
     """
     import torch
 
@@ -182,8 +184,9 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     model.eval()
     quantize = quantization(dtype_setting, on_gpu, decoder_linear_weights(model.config))
     leftovers = LoadLeftovers()  # the file's pages and heap blocks nothing reads again (load_leftovers.py)
+    saved = saved_levels(converted_dir, int8_kept, model) if quantize == "int8" else None
     model = speed_up(model, on_gpu=on_gpu, quantize=quantize, between_layers=leftovers,
-                     checks=CheckRecord(converted_dir) if converted_dir is not None else None)
+                     checks=CheckRecord(converted_dir) if converted_dir is not None else None, saved=saved)
     leftovers()
     now, peak = leftovers.resident()
     if peak:

@@ -15,6 +15,7 @@ module); none changes what the model is.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable
 
@@ -27,13 +28,15 @@ from agent.llm.engine.linear_bf16 import pack_linears
 from agent.llm.engine.linear_fp32 import use_short_input_linears
 from agent.llm.engine.linear_fused import fuse_projections
 from agent.llm.engine.linear_int4 import quantize_int4
-from agent.llm.engine.linear_int8 import quantize_int8
+from agent.llm.engine.linear_int8 import Int8Linear, quantize_int8
+from agent.llm.engine.saved_int8 import SavedLevels
 
 log = logging.getLogger(__name__)
 
 
 def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None,
-             between_layers: Callable[[], Any] | None = None, checks: CheckRecord | None = None) -> Any:
+             between_layers: Callable[[], Any] | None = None, checks: CheckRecord | None = None,
+             saved: SavedLevels | None = None) -> Any:
     """The loaded `model` with the engine's layers in (the same object; quantizing replaces its linear layers);
     `quantize`: "int8" or "int4" (MODEL_DTYPE, or what auto chose), on a model loaded in bf16 or fp32;
     `between_layers` is called after each layer stacked or quantized (loading hands back memory there).
@@ -43,7 +46,9 @@ def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None,
     forward and cache give (the cache before int8 quantizing: see `cache_mismatch`). Where a check fails, the model
     runs on transformers' own attention, forward and cache (with its linear layers as loaded, where the names were
     missing), and one log line says why. With `checks`, a model that passed the two checks with a batch before
-    (same libraries, engine code, model, dtype and CPU: check_record.py) skips them.
+    (same libraries, engine code, model, dtype and CPU: check_record.py) skips them. With `saved`, int8 levels are
+    read from there, or saved there once computed (saved_int8.py); a model that skips the checks then stacks its
+    projections straight in int8 (the checks' first one runs on the float stacks).
     """
     quantize = _usable(quantize)
     failure = internals.missing(model)
@@ -53,18 +58,20 @@ def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None,
         return model
     if not on_gpu and internals.attention_implementation(model) == "sdpa":
         use_decode_attention(model)  # decode steps without sdpa's copies of the cache (attention.py)
+    known = fingerprint(model, quantize) if checks is not None else ""
+    passed_before = bool(known) and checks.passed(known)  # type: ignore[union-attr]
+    saved = saved if quantize == "int8" else None
     if not on_gpu and (model.dtype == torch.bfloat16 or quantize):
         # one product for query/key/value, one for gate/up (linear_fused.py); stacked before quantizing: one
         # quantized product, one activation scale
-        fuse_projections(model, between_layers)
+        from_saved = passed_before and saved is not None and saved.complete
+        fuse_projections(model, between_layers, functools.partial(_saved_stack, saved) if from_saved else None)
     if not on_gpu and model.dtype == torch.bfloat16 and not quantize:
         pack_linears(model)  # bf16 weights laid out once, not at every call (linear_bf16.py)
     if not on_gpu and model.dtype == torch.float32 and not quantize:
         use_short_input_linears(model)  # a decode step's products on every core (linear_fp32.py)
-    known = fingerprint(model, quantize) if checks is not None else ""
-    passed_before = bool(known) and checks.passed(known)  # type: ignore[union-attr]
     failure = None if passed_before else internals.cache_mismatch(model)  # on the float model (`cache_mismatch`)
-    _quantize(model, quantize, between_layers)
+    _quantize(model, quantize, between_layers, saved)
     failure = failure or (None if passed_before else internals.pass_mismatch(model))
     if failure is not None:
         internals.fall_back(model, failure)
@@ -85,11 +92,18 @@ def _usable(quantize: str | None) -> str | None:
     return None
 
 
-def _quantize(model: Any, quantize: str | None, between: Callable[[], Any] | None = None) -> None:
+def _saved_stack(saved: SavedLevels, name: str, shape: torch.nn.Linear) -> torch.nn.Module | None:
+    """Stack `name` in int8 from its saved levels, or None where none are saved (it is stacked in float)."""
+    levels = saved.get(name, shape.out_features, shape.in_features)
+    return Int8Linear(shape, levels) if levels is not None else None
+
+
+def _quantize(model: Any, quantize: str | None, between: Callable[[], Any] | None = None,
+              saved: SavedLevels | None = None) -> None:
     output_int8 = bool(quantize) and internals.output_int8_fails() is None
     if quantize == "int4":
         quantize_int4(model, output_in_int8=output_int8, between=between)
     elif quantize == "int8":
-        quantize_int8(model, output_weight_only=output_int8, between=between)
+        quantize_int8(model, output_weight_only=output_int8, between=between, saved=saved)
     if quantize and model.dtype == torch.bfloat16:
         log.info("%s weights; embedding, norms, attention and KV cache in bf16", quantize)

@@ -1,0 +1,165 @@
+"""int8 weights saved once quantized, so that a later start of the same model skips quantizing them.
+
+A start in int8 stacked each layer's projections in float (linear_fused.py) and then rounded every weight to its
+int8 levels (linear_int8.py's `per_channel_int8`): at the 1.5B shape on 2 cores 1.2-2.6 s and 3.5 s of a 13.5 s
+start, the same work with the same result at every start. So the levels and scales of every int8 product are saved
+(one safetensors file per product) in a folder of MODEL_CONVERTED_DIR named by a key of what they were computed
+from; a later start reads them, and builds the stacked products straight from them, with no float stack. What it
+reads is what it would have computed, bit for bit, so the model and its tokens are the same.
+
+The key (`levels_key`) covers this module's `FORMAT` (how levels are computed and named), torch's version, the
+model's config, and every linear layer's name, shape, dtype and a sample of its weight: 256 values spread over the
+whole tensor and its first and last 64. A fine-tuned, merged or replaced model differs there; hashing every weight
+would cost what the quantizing saves. A folder is written whole or not at all (renamed from its `.partial` once
+every product is in), and only the newest MODEL_INT8_KEPT folders are kept (each holds a byte per weight: 1.5 GB
+for a 1.5B model). A folder that cannot be written or read only means quantizing at that start, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+# torch is imported where it is used: the settings read KEPT, and a command that runs no model imports no torch.
+KEPT = 2  # MODEL_INT8_KEPT's default: models whose int8 weights stay saved
+FORMAT = "1"  # change when per_channel_int8, the stacking or the names change what a saved product holds
+FOLDER = "int8"  # inside MODEL_CONVERTED_DIR
+COMPLETE_MARK = "int8.ok"  # written last, in the folder before it is renamed into place
+SPREAD = 256  # values sampled across each weight for the key, beside its first and last EDGE
+EDGE = 64
+
+
+class SavedLevels:
+    """The int8 levels and scales of one model's products, under `root`/`key`: read when a complete folder is
+    there, else written as they are computed (`put`, then `finish`)."""
+
+    def __init__(self, root: Path, key: str, kept: int):
+        self.root, self.kept = root, kept
+        self.folder = root / key
+        self.complete = (self.folder / COMPLETE_MARK).is_file()
+        if self.complete:
+            _touch(self.folder / COMPLETE_MARK)  # the newest kept are the most recently used (`_keep_newest`)
+        self._partial: Path | None = None if self.complete else root / f"{key}.{os.getpid()}.partial"
+        self._written = 0
+
+    def has(self, names: Iterable[str]) -> bool:
+        """Whether every one of `names` was saved (a complete folder holds them all, unless it was tampered with)."""
+        return self.complete and all((self.folder / _file_name(name)).is_file() for name in names)
+
+    def get(self, name: str, out_features: int, in_features: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Product `name`'s saved (levels [out, in] int8, scales [out] float32), or None where there is none of
+        that shape (then it is computed, as without saved levels)."""
+        path = self.folder / _file_name(name)
+        if not self.complete or not path.is_file():
+            return None
+        import torch
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            saved = load_file(path)
+            levels, scales = saved["levels"], saved["scales"]
+        except (OSError, KeyError, SafetensorError) as error:
+            log.warning("int8 levels of %s unreadable in %s (%s): quantizing it", name, self.folder, error)
+            return None
+        if (levels.dtype != torch.int8 or levels.shape != (out_features, in_features)
+                or scales.dtype != torch.float32 or scales.shape != (out_features,)):
+            return None
+        return levels, scales
+
+    def put(self, name: str, levels: torch.Tensor, scales: torch.Tensor) -> None:
+        """Save product `name`'s levels and scales (while no complete folder exists); a failure stops saving."""
+        if self._partial is None:
+            return
+        from safetensors.torch import save_file
+
+        try:
+            self._partial.mkdir(parents=True, exist_ok=True)
+            save_file({"levels": levels.contiguous(), "scales": scales.contiguous()},
+                      self._partial / _file_name(name))
+            self._written += 1
+        except OSError as error:
+            log.warning("could not save int8 levels in %s (%s): the next start quantizes again", self.root, error)
+            self._give_up()
+
+    def finish(self) -> None:
+        """Put the written folder in place (every product is in it) and keep only the newest `kept` folders."""
+        if self._partial is None or not self._written:
+            self._give_up()
+            return
+        try:
+            (self._partial / COMPLETE_MARK).write_text(f"{FORMAT}\n")
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self._partial.rename(self.folder)
+            log.info("saved the int8 weights (%d products) to %s: the next start reads them", self._written,
+                     self.folder)
+        except OSError as error:
+            log.warning("could not save int8 levels in %s (%s): the next start quantizes again", self.root, error)
+            self._give_up()
+            return
+        self._partial = None
+        self._keep_newest()
+
+    def _give_up(self) -> None:
+        if self._partial is not None:
+            shutil.rmtree(self._partial, ignore_errors=True)
+        self._partial = None
+
+    def _keep_newest(self) -> None:
+        """Remove all but the `kept` most recently used folders, and what interrupted saves left."""
+        folders = sorted((path for path in self.root.iterdir() if (path / COMPLETE_MARK).is_file()),
+                         key=lambda path: (path / COMPLETE_MARK).stat().st_mtime_ns)
+        # A save still under way in another process loses its folder too: it logs that it could not save.
+        for old in folders[:-self.kept] + list(self.root.glob("*.partial")):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def saved_levels(converted_dir: Path | None, kept: int, model: Any) -> SavedLevels | None:
+    """The saved int8 levels of `model` (loaded, before the engine's layers go in) in `converted_dir`, or None
+    where none are kept (no folder, or MODEL_INT8_KEPT=0)."""
+    if converted_dir is None or kept <= 0:
+        return None
+    return SavedLevels(Path(converted_dir) / FOLDER, levels_key(model), kept)
+
+
+def levels_key(model: Any) -> str:
+    """What a model's int8 levels are computed from, hashed (see the module's docstring)."""
+    import torch
+
+    digest = hashlib.sha256()
+    for part in (FORMAT, torch.__version__, model.config.to_json_string(use_diff=False)):
+        digest.update(part.encode() + b"\0")
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            weight = module.weight.detach()
+            digest.update(f"{name}:{tuple(weight.shape)}:{weight.dtype}".encode())
+            digest.update(_weight_sample(weight).numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _weight_sample(weight: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    flat = weight.reshape(-1)
+    step = max(1, flat.numel() // SPREAD)
+    return torch.cat([flat[:EDGE], flat[::step], flat[-EDGE:]]).float()
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # a read-only folder: it is still read, only its age is not renewed
+        pass
+
+
+def _file_name(name: str) -> str:
+    return f"{name}.safetensors"

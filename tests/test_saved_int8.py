@@ -1,0 +1,138 @@
+"""int8 weights saved once quantized (engine/saved_int8.py): a later start reads them and computes the same scores,
+bit for bit, without quantizing; another model, a damaged or unwritable folder and the kept count behave."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from agent.llm.engine import internals, linear_int8
+from agent.llm.engine.check_record import CheckRecord
+from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear
+from agent.llm.engine.saved_int8 import COMPLETE_MARK, FOLDER, saved_levels
+from agent.llm.engine.weights import speed_up
+
+PROMPT = torch.tensor([[5, 17, 42, 9, 77, 3, 101]])
+
+
+def tiny_qwen(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    return Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def start(folder, model: torch.nn.Module | None = None, kept: int = 2) -> torch.nn.Module:
+    """What loading does for an int8 model (loading.py): levels looked for before the engine's layers go in."""
+    model = model if model is not None else tiny_qwen()
+    return speed_up(model, on_gpu=False, quantize="int8", checks=CheckRecord(folder),
+                    saved=saved_levels(folder, kept, model))
+
+
+def scores(model: torch.nn.Module) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=PROMPT).logits
+
+
+def saved_folders(folder) -> list[str]:
+    return sorted(path.name for path in (folder / FOLDER).iterdir())
+
+
+def quantizing_counted(monkeypatch) -> list[tuple[int, ...]]:
+    """The shapes of the model's weights `per_channel_int8` quantizes from now on. The kernels' self-tests at each
+    start (internals.py) quantize a layer of their own, passed already by the start before: they are left out."""
+    shapes: list[tuple[int, ...]] = []
+    real = linear_int8.per_channel_int8
+    monkeypatch.setattr(internals, "_kernel_fails", lambda layer_class, tolerance: None)
+
+    def counted(weight: torch.Tensor, *args) -> tuple[torch.Tensor, torch.Tensor]:
+        shapes.append(tuple(weight.shape))
+        return real(weight, *args)
+
+    monkeypatch.setattr(linear_int8, "per_channel_int8", counted)
+    return shapes
+
+
+def test_a_second_start_reads_the_saved_int8_weights_and_computes_the_same_scores(tmp_path, monkeypatch) -> None:
+    first = start(tmp_path)
+    [key] = saved_folders(tmp_path)
+    assert (tmp_path / FOLDER / key / COMPLETE_MARK).is_file()
+    quantized = quantizing_counted(monkeypatch)
+    second = start(tmp_path)
+    assert quantized == []  # every product's levels came from the folder
+    assert torch.equal(scores(second), scores(first))
+    layer = second.model.layers[0]
+    assert type(layer.self_attn.qkv_proj.stacked) is Int8Linear and type(layer.mlp.gate_up_proj.stacked) is Int8Linear
+    assert type(second.lm_head) is OutputInt8Linear
+    assert saved_folders(tmp_path) == [key]
+
+
+def test_a_changed_model_is_quantized_anew_and_saved_beside_the_first(tmp_path, monkeypatch) -> None:
+    start(tmp_path)
+    tuned = tiny_qwen()
+    with torch.no_grad():  # as a fine-tune changes every weight a little
+        for parameter in tuned.parameters():
+            parameter.add_(torch.randn_like(parameter) * 1e-2)
+    expected = scores(speed_up(tiny_qwen_like(tuned), on_gpu=False, quantize="int8"))
+    quantized = quantizing_counted(monkeypatch)
+    model = start(tmp_path, tuned)
+    assert len(quantized) == 2 * 4 + 1  # per layer: stacked q/k/v, o, stacked gate/up, down; and the output layer
+    assert torch.equal(scores(model), expected)
+    assert len(saved_folders(tmp_path)) == 2
+
+
+def tiny_qwen_like(model: torch.nn.Module) -> torch.nn.Module:
+    copy = tiny_qwen()
+    copy.load_state_dict(model.state_dict())
+    return copy
+
+
+def test_only_the_most_recently_used_models_stay_saved(tmp_path, monkeypatch) -> None:
+    start(tmp_path, tiny_qwen(seed=0), kept=1)
+    start(tmp_path, tiny_qwen(seed=1), kept=1)
+    [second] = saved_folders(tmp_path)
+    quantized = quantizing_counted(monkeypatch)
+    start(tmp_path, tiny_qwen(seed=1), kept=1)
+    assert quantized == [] and saved_folders(tmp_path) == [second]
+    start(tmp_path, tiny_qwen(seed=0), kept=1)  # gone: quantized and saved again, in the other's place
+    assert quantized and len(saved_folders(tmp_path)) == 1 and saved_folders(tmp_path) != [second]
+
+
+def test_a_damaged_saved_weight_is_quantized_again_with_one_line(tmp_path, monkeypatch, caplog) -> None:
+    expected = scores(start(tmp_path))
+    [key] = saved_folders(tmp_path)
+    (tmp_path / FOLDER / key / "model.layers.1.mlp.down_proj.safetensors").write_bytes(b"\x00" * 40)
+    quantized = quantizing_counted(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="agent.llm.engine"):
+        model = start(tmp_path)
+    assert quantized == [(64, 128)]  # that one layer only
+    assert torch.equal(scores(model), expected)
+    assert [record.getMessage().split(" (")[0] for record in caplog.records] == [
+        f"int8 levels of model.layers.1.mlp.down_proj unreadable in {tmp_path / FOLDER / key}"]
+
+
+def test_an_interrupted_save_is_never_read_and_is_cleared_by_the_next(tmp_path, monkeypatch) -> None:
+    left = tmp_path / FOLDER / "0123456789abcdef.99999.partial"
+    left.mkdir(parents=True)
+    (left / "lm_head.safetensors").write_bytes(b"half a file")
+    quantized = quantizing_counted(monkeypatch)
+    start(tmp_path)
+    assert len(quantized) == 2 * 4 + 1 and not left.exists()
+    assert len(saved_folders(tmp_path)) == 1
+
+
+def test_a_folder_that_cannot_be_written_costs_only_the_saving(tmp_path, monkeypatch, caplog) -> None:
+    blocked = tmp_path / "a file, not a folder"
+    blocked.write_text("")
+    expected = scores(speed_up(tiny_qwen(), on_gpu=False, quantize="int8"))
+    with caplog.at_level(logging.WARNING, logger="agent.llm.engine"):
+        model = start(blocked)
+    assert torch.equal(scores(model), expected)
+    assert [record.getMessage().startswith("could not save int8 levels") for record in caplog.records] == [True]
+
+
+def test_none_are_saved_with_a_kept_count_of_zero(tmp_path) -> None:
+    assert saved_levels(tmp_path, 0, tiny_qwen()) is None
+    assert saved_levels(None, 2, tiny_qwen()) is None
