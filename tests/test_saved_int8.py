@@ -3,7 +3,9 @@ bit for bit, without quantizing; another model, a damaged or unwritable folder a
 
 from __future__ import annotations
 
+import gc
 import logging
+from pathlib import Path
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -67,6 +69,9 @@ def test_a_second_start_reads_the_saved_int8_weights_and_computes_the_same_score
     assert type(layer.self_attn.qkv_proj.stacked) is Int8Linear and type(layer.mlp.gate_up_proj.stacked) is Int8Linear
     assert type(second.lm_head) is OutputInt8Linear
     assert saved_folders(tmp_path) == [key]
+    # Nothing the model holds is a view of the saved files: their pages are not kept resident.
+    gc.collect()
+    assert str(tmp_path / FOLDER) not in Path("/proc/self/maps").read_text()
 
 
 def test_a_changed_model_is_quantized_anew_and_saved_beside_the_first(tmp_path, monkeypatch) -> None:
