@@ -1,11 +1,12 @@
 """int8 weights saved once quantized, so that a later start of the same model skips quantizing them.
 
 A start in int8 stacked each layer's projections in float (linear_fused.py) and then rounded every weight to its
-int8 levels (linear_int8.py's `per_channel_int8`): at the 1.5B shape on 2 cores 1.2-2.6 s and 3.5 s of a 13.5 s
-start (`load_model` alone: 14.9 s, 8.3 with them saved), the same work with the same result at every start. So the levels and scales of every int8 product are saved
-(one safetensors file per product) in a folder of MODEL_CONVERTED_DIR named by a key of what they were computed
-from; a later start reads them, and builds the stacked products straight from them, with no float stack. What it
-reads is what it would have computed, bit for bit, so the model and its tokens are the same.
+int8 levels (linear_int8.py's `per_channel_int8`): at the 1.5B shape on 2 cores 1.2-2.6 s and 3.5 s of
+`load_model`'s 14.9 s (8.3 s with them saved), the same work with the same result at every start. So the levels
+and scales of every int8 product are saved (one safetensors file per product) in a folder of MODEL_CONVERTED_DIR
+named by a key of what they were computed from; a later start reads them, and builds the stacked products straight
+from them, with no float stack. What it reads is what it would have computed, bit for bit, so the model and its
+tokens are the same.
 
 The key (`levels_key`) covers this module's `FORMAT` (how levels are computed and named), torch's version, the
 model's config, and every linear layer's name, shape, dtype and a sample of its weight: 256 values spread over the
