@@ -10,13 +10,16 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from agent.llm.base import ModelRequest
 from agent.llm.engine import internals, linear_int8
 from agent.llm.engine.check_record import CheckRecord
 from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear
 from agent.llm.engine.saved_int8 import COMPLETE_MARK, FOLDER, saved_levels
 from agent.llm.engine.weights import speed_up
+from tests.real_model import real_model_test, started_local_llm, worker_log_watched
 
 PROMPT = torch.tensor([[5, 17, 42, 9, 77, 3, 101]])
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def tiny_qwen(seed: int = 0) -> torch.nn.Module:
@@ -141,3 +144,20 @@ def test_a_folder_that_cannot_be_written_costs_only_the_saving(tmp_path, monkeyp
 def test_none_are_saved_with_a_kept_count_of_zero(tmp_path) -> None:
     assert saved_levels(tmp_path, 0, tiny_qwen()) is None
     assert saved_levels(None, 2, tiny_qwen()) is None
+
+
+@real_model_test
+async def test_the_real_model_answers_the_same_from_the_int8_weights_its_first_start_saved(tmp_path) -> None:
+    """Two starts of the test model in int8 sharing MODEL_CONVERTED_DIR, as two runs of the bot: the first converts
+    the GGUF, checks the engine and saves the int8 weights; the second reads them, and answers token for token."""
+    lines: list[str] = []
+    answers = []
+    with worker_log_watched(lines.append):
+        for _ in range(2):
+            llm = await started_local_llm(dtype="int8", converted_dir=tmp_path)
+            try:
+                answers.append((await llm.complete(ModelRequest(FRANCE, max_new_tokens=16))).text)
+            finally:
+                await llm.close()
+    assert sum(line.startswith("saved the int8 weights") for line in lines) == 1, lines
+    assert answers[0] and answers[1] == answers[0]

@@ -8,10 +8,11 @@ named by a key of what they were computed from; a later start reads them, and bu
 from them, with no float stack. What it reads is what it would have computed, bit for bit, so the model and its
 tokens are the same.
 
-The key (`levels_key`) covers this module's `FORMAT` (how levels are computed and named), torch's version, the
-model's config, and every linear layer's name, shape, dtype and a sample of its weight: 256 values spread over the
-whole tensor and its first and last 64. A fine-tuned, merged or replaced model differs there; hashing every weight
-would cost what the quantizing saves. A folder is written whole or not at all (renamed from its `.partial` once
+The key (`levels_key`) covers this module's `FORMAT` (how levels are computed and named), torch's version, and
+every linear layer's name, shape, dtype and a sample of its weight: 256 values spread over the whole tensor and its
+first and last 64. A fine-tuned, merged or replaced model differs there; hashing every weight would cost what the
+quantizing saves. Not the model's config: the levels depend on the weights only, and the config names where the
+model was loaded from (a GGUF's first start and its converted copy's later ones share their levels). A folder is written whole or not at all (renamed from its `.partial` once
 every product is in), and only the MODEL_INT8_KEPT most recently used folders are kept (each holds about a byte
 per weight: 1.5 GB for Qwen2.5-1.5B). A folder that cannot be written or read only means quantizing at that start, never an error.
 """
@@ -139,7 +140,7 @@ def levels_key(model: Any) -> str:
     import torch
 
     digest = hashlib.sha256()
-    for part in (FORMAT, torch.__version__, model.config.to_json_string(use_diff=False)):
+    for part in (FORMAT, torch.__version__):
         digest.update(part.encode() + b"\0")
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
