@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -14,7 +17,7 @@ from agent.llm.base import ModelRequest
 from agent.llm.engine import internals, linear_int8
 from agent.llm.engine.check_record import CheckRecord
 from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear
-from agent.llm.engine.saved_int8 import COMPLETE_MARK, FOLDER, saved_levels
+from agent.llm.engine.saved_int8 import COMPLETE_MARK, FOLDER, STALE_SECONDS, SavedLevels, saved_levels
 from agent.llm.engine.weights import speed_up
 from tests.real_model import real_model_test, started_local_llm, worker_log_watched
 
@@ -122,13 +125,30 @@ def test_a_damaged_saved_weight_is_quantized_again_with_one_line(tmp_path, monke
 
 
 def test_an_interrupted_save_is_never_read_and_is_cleared_by_the_next(tmp_path, monkeypatch) -> None:
-    left = tmp_path / FOLDER / "0123456789abcdef.99999.partial"
-    left.mkdir(parents=True)
-    (left / "lm_head.safetensors").write_bytes(b"half a file")
+    crashed = tmp_path / FOLDER / "0123456789abcdef.99999.partial"
+    running = tmp_path / FOLDER / "fedcba9876543210.99998.partial"  # another process saving right now
+    for partial in (crashed, running):
+        partial.mkdir(parents=True)
+        (partial / "lm_head.safetensors").write_bytes(b"half a file")
+    hours_ago = time.time() - 2 * STALE_SECONDS
+    os.utime(crashed, (hours_ago, hours_ago))
     quantized = quantizing_counted(monkeypatch)
     start(tmp_path)
-    assert len(quantized) == 2 * 4 + 1 and not left.exists()
-    assert len(saved_folders(tmp_path)) == 1
+    assert len(quantized) == 2 * 4 + 1 and not crashed.exists() and running.exists()
+    assert len(saved_folders(tmp_path)) == 2  # the new complete folder, and the save still running
+
+
+def test_a_save_whose_folder_was_cleared_meanwhile_is_not_put_in_place(tmp_path, caplog) -> None:
+    saved = SavedLevels(tmp_path, "key", kept=2)
+    levels = torch.zeros(4, 8, dtype=torch.int8), torch.ones(4)
+    saved.put("first", *levels)
+    shutil.rmtree(tmp_path / f"key.{os.getpid()}.partial")  # as another process clearing what it took as stale
+    with caplog.at_level(logging.WARNING, logger="agent.llm.engine"):
+        saved.put("second", *levels)
+        saved.finish()
+    assert list(tmp_path.iterdir()) == []
+    assert [record.getMessage().startswith("could not save int8 levels") for record in caplog.records] == [True]
+    assert SavedLevels(tmp_path, "key", kept=2).get("second", 4, 8) is None
 
 
 def test_a_folder_that_cannot_be_written_costs_only_the_saving(tmp_path, monkeypatch, caplog) -> None:

@@ -24,7 +24,8 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+import time
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +39,7 @@ FOLDER = "int8"  # inside MODEL_CONVERTED_DIR
 COMPLETE_MARK = "int8.ok"  # written last, in the folder before it is renamed into place
 SPREAD = 256  # values sampled across each weight for the key, beside its first and last EDGE
 EDGE = 64
+STALE_SECONDS = 3600  # a `.partial` folder untouched this long is what an interrupted save left
 
 
 class SavedLevels:
@@ -52,10 +54,6 @@ class SavedLevels:
             _touch(self.folder / COMPLETE_MARK)  # the newest kept are the most recently used (`_keep_newest`)
         self._partial: Path | None = None if self.complete else root / f"{key}.{os.getpid()}.partial"
         self._written = 0
-
-    def has(self, names: Iterable[str]) -> bool:
-        """Whether every one of `names` was saved (a complete folder holds them all, unless it was tampered with)."""
-        return self.complete and all((self.folder / _file_name(name)).is_file() for name in names)
 
     def get(self, name: str, out_features: int, in_features: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Product `name`'s saved (levels [out, in] int8, scales [out] float32), or None where there is none of
@@ -84,14 +82,16 @@ class SavedLevels:
         """Save product `name`'s levels and scales (while no complete folder exists); a failure stops saving."""
         if self._partial is None:
             return
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         try:
-            self._partial.mkdir(parents=True, exist_ok=True)
+            if not self._written:  # made once: a folder gone since (cleared as stale) fails the save, not refills
+                self._partial.mkdir(parents=True, exist_ok=True)
             save_file({"levels": levels.contiguous(), "scales": scales.contiguous()},
                       self._partial / _file_name(name))
             self._written += 1
-        except OSError as error:
+        except (OSError, SafetensorError) as error:  # safetensors reports a full disk as its own error
             log.warning("could not save int8 levels in %s (%s): the next start quantizes again", self.root, error)
             self._give_up()
 
@@ -101,6 +101,8 @@ class SavedLevels:
             self._give_up()
             return
         try:
+            if len(list(self._partial.glob("*.safetensors"))) != self._written:
+                raise OSError("some of its files are gone")
             (self._partial / COMPLETE_MARK).write_text(f"{FORMAT}\n")
             shutil.rmtree(self.folder, ignore_errors=True)
             self._partial.rename(self.folder)
@@ -122,8 +124,7 @@ class SavedLevels:
         """Remove all but the `kept` most recently used folders, and what interrupted saves left."""
         folders = sorted((path for path in self.root.iterdir() if (path / COMPLETE_MARK).is_file()),
                          key=lambda path: (path / COMPLETE_MARK).stat().st_mtime_ns)
-        # A save still under way in another process loses its folder too: it logs that it could not save.
-        for old in folders[:-self.kept] + list(self.root.glob("*.partial")):
+        for old in folders[:-self.kept] + [path for path in self.root.glob("*.partial") if _stale(path)]:
             shutil.rmtree(old, ignore_errors=True)
 
 
@@ -156,6 +157,15 @@ def _weight_sample(weight: torch.Tensor) -> torch.Tensor:
     flat = weight.reshape(-1)
     step = max(1, flat.numel() // SPREAD)
     return torch.cat([flat[:EDGE], flat[::step], flat[-EDGE:]]).float()
+
+
+def _stale(partial: Path) -> bool:
+    """An interrupted save's folder: untouched for STALE_SECONDS (another process's save under way writes a file
+    every second or so; its folder is left alone)."""
+    try:
+        return time.time() - partial.stat().st_mtime > STALE_SECONDS
+    except OSError:
+        return False
 
 
 def _touch(path: Path) -> None:
