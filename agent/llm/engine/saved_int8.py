@@ -23,8 +23,8 @@ import hashlib
 import logging
 import os
 import shutil
-from pathlib import Path
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -113,7 +113,10 @@ class SavedLevels:
             self._give_up()
             return
         self._partial = None
-        self._keep_newest()
+        try:
+            self._keep_newest()
+        except OSError as error:  # a folder removed meanwhile by another process: pruned at a later save
+            log.debug("could not prune %s: %s", self.root, error)
 
     def _give_up(self) -> None:
         if self._partial is not None:
@@ -147,7 +150,8 @@ def levels_key(model: Any) -> str:
         if isinstance(module, torch.nn.Linear):
             weight = module.weight.detach()
             digest.update(f"{name}:{tuple(weight.shape)}:{weight.dtype}".encode())
-            digest.update(_weight_sample(weight).numpy().tobytes())
+            if weight.device.type == "cpu":  # the layers quantized (an offloaded one stays as loaded)
+                digest.update(_weight_sample(weight).numpy().tobytes())
     return digest.hexdigest()[:32]
 
 
