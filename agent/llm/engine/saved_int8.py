@@ -8,13 +8,14 @@ named by a key of what they were computed from; a later start reads them, and bu
 from them, with no float stack. What it reads is what it would have computed, bit for bit, so the model and its
 tokens are the same.
 
-The key (`levels_key`) covers this module's `FORMAT` (how levels are computed and named), torch's version, and
-every linear layer's name, shape, dtype and a sample of its weight: 256 values spread over the whole tensor and its
-first and last 64. A fine-tuned, merged or replaced model differs there; hashing every weight would cost what the
+The key (`levels_key`) covers this module's `FORMAT` (how levels are computed and named), torch's version, and every
+linear layer's name, shape, dtype and a sample of its weight: 256 values spread over the whole tensor and its first
+and last 64. A fine-tuned, merged or replaced model differs there; hashing every weight would cost what the
 quantizing saves. Not the model's config: the levels depend on the weights only, and the config names where the
-model was loaded from (a GGUF's first start and its converted copy's later ones share their levels). A folder is written whole or not at all (renamed from its `.partial` once
-every product is in), and only the MODEL_INT8_KEPT most recently used folders are kept (each holds about a byte
-per weight: 1.5 GB for Qwen2.5-1.5B). A folder that cannot be written or read only means quantizing at that start, never an error.
+model was loaded from (a GGUF's first start and its converted copy's later ones share their levels). A folder is
+written whole or not at all (renamed from its `.partial` once every product is in), and only the MODEL_INT8_KEPT
+most recently used folders are kept (each holds about a byte per weight: 1.5 GB for Qwen2.5-1.5B). A folder that
+cannot be written or read only means quantizing at that start, never an error.
 """
 
 from __future__ import annotations
