@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agent.llm.base import ModelRequest
-from agent.llm.engine import forward_pass, internals
+from agent.llm.engine import forward_pass, internals, own_model
 from agent.llm.engine.check_record import RECORD_FILE, CheckRecord
 from agent.llm.engine.linear_bf16 import PackedLinear, pack_linears
 from agent.llm.engine.weights import speed_up
@@ -87,6 +87,8 @@ async def generated(converted: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[l
     engine's own pass, and the fallback lines logged from the start on. Each start stands for other library
     versions, so the record of earlier starts' passed checks (check_record.py) is removed first."""
     (converted / RECORD_FILE).unlink(missing_ok=True)
+    # transformers' model classes: the fallback is to their forward (the engine's own models: test_own_model.py)
+    monkeypatch.setattr(own_model, "buildable", lambda folder: "transformers' classes, for this test")
     counter, logged = PassCounter(), []
     with worker_log_watched(logged.append):
         llm = await started_local_llm(converted_dir=converted)

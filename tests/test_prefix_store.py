@@ -15,6 +15,7 @@ import pytest_asyncio
 import torch
 
 from agent.llm.base import ModelRequest
+from agent.llm.engine import own_model
 from agent.llm.engine.kv_cache import batch_cache
 from agent.llm.engine.batch import cache_argument, lay_out
 from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear
@@ -341,10 +342,12 @@ async def test_a_paused_row_resumes_from_its_own_kv_even_when_the_store_cannot_k
 
 
 @real_model_test
-async def test_generate_through_the_batch_cache_writes_the_tokens_transformers_own_cache_writes(backends) -> None:
+async def test_generate_through_the_batch_cache_writes_the_tokens_transformers_own_cache_writes(
+        backends, monkeypatch) -> None:
     """The batch's roomy cache (batch_kv.py) against transformers' default one, on three prompts of different
-    lengths (so with padding)."""
+    lengths (so with padding), through transformers' own model class and its `generate`."""
     _, _, converted = backends
+    monkeypatch.setattr(own_model, "buildable", lambda folder: "transformers' classes, for `generate`")
     loaded = load_model(resolve_model(str(GGUF)), "cpu", "float32", converted_dir=converted)
     model, tokenizer = loaded.model, loaded.tokenizer
     prompts = [tokenizer(text)["input_ids"] for text in ("The capital of France is", "One, two, three, four,",

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from agent.llm.engine import own_model
 from agent.llm.engine.internals import attention_implementation, use_attention
 
 NAME = "qwenbot_cpu_decode"
@@ -250,10 +251,11 @@ def _uses_decode_attention(model: Any) -> bool:
 
 def use_decode_attention(model: Any) -> None:
     """Make `model` (on the CPU) run its decode steps through `decode_attention`, its prompts through sdpa."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+    if not own_model.is_own(model):  # transformers' model classes look their attention function up by name
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(NAME, decode_attention)
-    if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
-        AttentionMaskInterface.register(NAME, sdpa_mask)
+        AttentionInterface.register(NAME, decode_attention)
+        if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
+            AttentionMaskInterface.register(NAME, sdpa_mask)
     use_attention(model, NAME)

@@ -26,6 +26,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from agent.llm.engine import own_model
 from agent.llm.engine.attention import NAME, SHORT_QUERY, decode_attention
 from agent.llm.engine.internals import attention_implementation, has_hooks, on_checked_path
 from agent.llm.engine.linear_int4 import Int4Linear
@@ -39,7 +40,7 @@ MIRRORED = {"LlamaForCausalLM": "LlamaDecoderLayer", "Qwen2ForCausalLM": "Qwen2D
 # mirrored ones: they do not change once it is loaded.
 PLANS = "_qwenbot_decode_plans"
 # transformers' RMS norms that compute exactly what PyTorch's `rms_norm` does in float32.
-RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm"}
+RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "RmsNorm"}
 
 
 def fits(model: Any, cache: Any, width: int) -> bool:
@@ -56,6 +57,8 @@ def _plain_layers(model: Any) -> bool:
     """The model's class and every decoder layer's are the mirrored ones, attention over all columns (no sliding
     window), and no hook on any module: accelerate's that move or offload weights, nor PyTorch's own (the pass
     calls some modules' products directly, past their hooks)."""
+    if own_model.is_own(model):  # built by the engine from these very modules
+        return not any(has_hooks(module) for module in model.modules())
     layer_class = MIRRORED.get(type(model).__name__)
     base = getattr(model, "model", None)
     if layer_class is None or base is None or len(base.layers) != model.config.num_hidden_layers:
@@ -71,15 +74,29 @@ def decode_pass(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: to
     """What `model(...)` gives for these inputs as decode_loop.py's `_forward` calls it: the scores of the last `keep`
     columns, as float32. `mask` is the batch's [rows, columns] mask with the pass's own columns last; `attention`:
     keywords for the decode attention (`shared_prefix`)."""
+    return model_pass(model, ids, visible_columns(mask, ids.shape[1]), positions, cache, keep, **attention)
+
+
+def model_pass(model: Any, ids: torch.Tensor, visible: torch.Tensor | None, positions: torch.Tensor, cache: Any,
+               keep: int, **attention: Any) -> torch.Tensor:
+    """The pass of any width: `visible` is the attention's mask ([rows, 1, width, columns], True where a query may
+    attend), or None for its own causal order; the forward of the engine's own models (own_model.py) is this."""
     base = model.model
     hidden = base.embed_tokens(ids)
     cos, sin = base.rotary_emb(hidden, positions)
     rotation = (cos.unsqueeze(2), _signed_halves(sin).unsqueeze(2))  # [rows, width, 1, head dim]: for every head
-    visible = _visible(mask, ids.shape[1])
+    attend = decode_attention if attention_implementation(model) == NAME else _transformers_sdpa()
     for plan, layer_cache in zip(_plans(model), cache.layers):  # type: ignore[arg-type]  (a list: `fits` held)
-        hidden = hidden + _attend(plan, plan.input_norm(hidden), rotation, visible, layer_cache, attention)
+        hidden = hidden + _attend(plan, plan.input_norm(hidden), rotation, visible, layer_cache, attend, attention)
         hidden = hidden + _mlp(plan, plan.post_norm(hidden))
     return model.lm_head(base.norm(hidden[:, -keep:])).float()
+
+
+def _transformers_sdpa() -> Callable[..., Any]:
+    """transformers' sdpa attention: what an own model runs after a failed check (internals.fall_back)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
 
 
 class LayerPlan(NamedTuple):
@@ -106,6 +123,13 @@ class LayerPlan(NamedTuple):
     heads: int
     kv_heads: int
     dim: int
+
+
+def forget_plans(model: Any) -> None:
+    """Drop the layers' calls looked up so far: the engine has replaced layers since (quantizing), and a plan
+    would still call the ones it replaced (an own model's forward makes plans at the load's first check)."""
+    if hasattr(model, PLANS):
+        delattr(model, PLANS)
 
 
 def _plans(model: Any) -> list[LayerPlan] | bool:
@@ -150,7 +174,7 @@ def _norm(module: Any, in_float32: bool) -> Callable[[torch.Tensor], torch.Tenso
     return module
 
 
-def _visible(mask: torch.Tensor, width: int) -> torch.Tensor:
+def visible_columns(mask: torch.Tensor, width: int) -> torch.Tensor:
     """[rows, 1, width, columns], True where a query may attend: the row's columns (mask) up to its own position."""
     columns = mask.shape[1]
     queries = torch.arange(columns - width, columns, device=mask.device)
@@ -171,7 +195,8 @@ def _rotate(heads: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) ->
 
 
 def _attend(plan: LayerPlan, states: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor],
-            visible: torch.Tensor, layer_cache: Any, attention: dict[str, Any]) -> torch.Tensor:
+            visible: torch.Tensor | None, layer_cache: Any, attend: Callable[..., Any],
+            attention: dict[str, Any]) -> torch.Tensor:
     """The attention block's output: projections, rotary, the cache's update, the attention, the output product."""
     rows, width, _ = states.shape
     heads, kv_heads, dim = plan.heads, plan.kv_heads, plan.dim
@@ -186,8 +211,7 @@ def _attend(plan: LayerPlan, states: torch.Tensor, rotation: tuple[torch.Tensor,
         key = _rotate(to_key(states).view(rows, width, kv_heads, dim), rotation)
         value = to_value(states).view(rows, width, kv_heads, dim)
     keys, values = layer_cache.update(key.transpose(1, 2), value.transpose(1, 2))
-    output, _ = decode_attention(plan.attn, query.transpose(1, 2), keys, values, visible, scaling=plan.attn.scaling,
-                                 **attention)
+    output, _ = attend(plan.attn, query.transpose(1, 2), keys, values, visible, scaling=plan.attn.scaling, **attention)
     return plan.output(output.reshape(rows, width, -1))
 
 

@@ -96,10 +96,12 @@ class GrammarEngine:
         return RowGrammar(matcher, grammar.kind)
 
     def fill_masks(self, rows: Sequence[RowGrammar], bitmask: torch.Tensor) -> None:
-        """Fill row `i`'s allowed tokens into `bitmask[i]`, for all rows in one parallel call."""
-        from llguidance.torch import fill_next_token_bitmask_par
-
-        fill_next_token_bitmask_par(self._llguidance[1], [(row.matcher, i) for i, row in enumerate(rows)], bitmask)
+        """Fill row `i`'s allowed tokens into `bitmask[i]` (int32, contiguous, on the CPU), for all rows in one
+        parallel call. What llguidance.torch's `fill_next_token_bitmask_par` calls, called directly: importing that
+        module `torch.compile`s a kernel at import, which imports torch's compiler (a second of the first answer)."""
+        words = bitmask.shape[1]
+        self._llguidance[1].unsafe_compute_mask_ptr([(row.matcher, i) for i, row in enumerate(rows)],
+                                                    bitmask.data_ptr(), words * 4, bitmask.shape[0])
 
     def mask(self, scores: torch.Tensor, constrained: Sequence[tuple[int, RowGrammar]]) -> None:
         """Set to -inf, in place, every token of `scores` ([rows, vocabulary]) that each `(row, grammar)` pair's

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import re
 import shutil
@@ -19,6 +20,7 @@ from typing import Any, Iterator
 
 from agent.errors import ModelLoadError
 from agent.llm.base import MODEL_DTYPES
+from agent.llm.engine import own_model
 from agent.llm.engine.check_record import CheckRecord
 from agent.llm.engine.load_leftovers import LoadLeftovers
 from agent.llm.engine.grammar_masks import GrammarEngine
@@ -172,9 +174,9 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     try:
         if converted is not None and (converted / COMPLETE_MARK).is_file():
             tokenizer, model = _from_pretrained(ModelSource(source.setting, str(converted)), dtype, device_map,
-                                                native_tools=native_tools)
+                                                native_tools=native_tools, on_gpu=on_gpu)
         else:
-            tokenizer, model = _from_pretrained(source, dtype, device_map, cache_dir, native_tools)
+            tokenizer, model = _from_pretrained(source, dtype, device_map, cache_dir, native_tools, on_gpu)
             if converted is not None:
                 save_converted(model, tokenizer, converted)
     except ModelLoadError:
@@ -200,20 +202,59 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
 
 
 def _from_pretrained(source: ModelSource, dtype: Any, device_map: str, cache_dir: Path | None = None,
-                     native_tools: bool = False) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    options = load_options(source, cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(source.location, **options)
+                     native_tools: bool = False, on_gpu: bool = False) -> tuple[Any, Any]:
+    """The tokenizer and model at `source`: a Llama or Qwen2 folder on the CPU built by the engine itself
+    (own_model.py: a second of transformers' imports saved), anything else by transformers' auto classes."""
+    own = _own_model_folder(source, on_gpu)
+    tokenizer = _tokenizer(source, own is not None, cache_dir)
     check_chat_template(source, tokenizer)
     if native_tools:
         check_renders_tools(source, tokenizer)
+    if own is not None:
+        return tokenizer, own_model.build(own, dtype)
+    from transformers import AutoModelForCausalLM
+
     # use_kernels=False: transformers 5 otherwise swaps layers for the `kernels` package's Hub kernels on a GPU,
     # fetched at load (an offline GPU box then cannot load at all: seen on the first GPU check), and the engine's
     # own forward pass replaces those layers' forward anyway.
     model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, device_map=device_map or None,
-                                                 use_kernels=False, **options)
+                                                 use_kernels=False, **load_options(source, cache_dir))
     return tokenizer, model
+
+
+def _own_model_folder(source: ModelSource, on_gpu: bool) -> Path | None:
+    """The folder the engine builds the model from itself, or None (a hub id, a GGUF file, a GPU, a model
+    own_model.py does not build: the reason is logged)."""
+    if source.hub or source.gguf_file or on_gpu:
+        return None
+    folder = Path(source.location)
+    reason = own_model.buildable(folder)
+    if reason is not None:
+        log.debug("%s loads through transformers' model classes: %s", source.setting, reason)
+        return None
+    return folder
+
+
+# The tokenizer class transformers 5 saves a converted model's tokenizer as: loaded directly, without the auto
+# classes' look-up (which imports every model's configuration: a second of a start).
+_PLAIN_TOKENIZER = "TokenizersBackend"
+
+
+def _tokenizer(source: ModelSource, own: bool, cache_dir: Path | None) -> Any:
+    if own and _tokenizer_class(Path(source.location)) == _PLAIN_TOKENIZER:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(source.location)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source.location, **load_options(source, cache_dir))
+
+
+def _tokenizer_class(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 COMPLETE_MARK = "converted.ok"  # written last: a folder without it is an interrupted save, converted again

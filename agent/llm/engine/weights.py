@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from agent.llm.engine import internals
+from agent.llm.engine import forward_pass, internals
 from agent.llm.engine.attention import use_decode_attention
 from agent.llm.engine.check_record import CheckRecord, fingerprint
 from agent.llm.engine.linear_bf16 import pack_linears
@@ -72,6 +72,7 @@ def speed_up(model: Any, *, on_gpu: bool, quantize: str | None = None,
         use_short_input_linears(model)  # a decode step's products on every core (linear_fp32.py)
     failure = None if passed_before else internals.cache_mismatch(model)  # on the float model (`cache_mismatch`)
     _quantize(model, quantize, between_layers, saved)
+    forward_pass.forget_plans(model)  # the cache check's plans call the layers quantizing replaced
     failure = failure or (None if passed_before else internals.pass_mismatch(model))
     if failure is not None:
         internals.fall_back(model, failure)
