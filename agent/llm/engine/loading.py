@@ -196,8 +196,9 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     grammars = GrammarEngine(tokenizer)
     # Logged once the model can answer (bench/bench_local.py times a second start of `qwenbot ask` to this line).
     mode = quantize or str(model.dtype).removeprefix("torch.")
-    log.info("loaded %s (%s on %s) in %.1f s%s", source.setting, mode, model.device, time.perf_counter() - started,
-             f" from {converted}" if converted and converted.exists() else "")
+    log.info("loaded %s (%s on %s) in %.1f s%s, %s", source.setting, mode, model.device,
+             time.perf_counter() - started, f" from {converted}" if converted and converted.exists() else "",
+             "built by the engine" if own_model.is_own(model) else "through transformers' model classes")
     return LoadedModel(model, tokenizer, grammars, mode)
 
 
