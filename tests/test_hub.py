@@ -82,8 +82,9 @@ def cached_hub_model(tmp_path_factory) -> Path:
 
 @pytest.mark.real_model
 def test_a_cached_hub_id_loads_and_answers_without_the_hub(cached_hub_model):
-    done = qwenbot_ask(cached_hub_model, REPO_ID)
+    done = qwenbot_ask(cached_hub_model, REPO_ID, LOG_LEVEL="INFO")
     assert done.returncode == 0, done.stderr
+    assert "built by the engine" in done.stderr  # from the cached snapshot (own_model.py), hub or not
     with sqlite3.connect(cached_hub_model / "bot.sqlite3") as db:
         (answer, model_calls), = db.execute("SELECT answer, model_calls FROM turns").fetchall()
     assert answer == done.stdout.strip() and model_calls >= 1

@@ -25,6 +25,12 @@ def is_cached(repo_id: str, cache_dir: Path | None) -> bool:
     return isinstance(try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir), str)
 
 
+def cached_folder(repo_id: str, cache_dir: Path | None) -> Path | None:
+    """The cached snapshot's folder of the hub model (its files, as links into the cache), or None."""
+    config = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir)
+    return Path(config).parent if isinstance(config, str) else None
+
+
 def hub_unreachable_reason() -> str | None:
     """Why the hub cannot be used now (offline mode, or no answer), or None when it answers."""
     if constants.HF_HUB_OFFLINE:

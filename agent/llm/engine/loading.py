@@ -206,7 +206,7 @@ def _from_pretrained(source: ModelSource, dtype: Any, device_map: str, cache_dir
                      native_tools: bool = False, on_gpu: bool = False) -> tuple[Any, Any]:
     """The tokenizer and model at `source`: a Llama or Qwen2 folder on the CPU built by the engine itself
     (own_model.py: a second of transformers' imports saved), anything else by transformers' auto classes."""
-    own = _own_model_folder(source, on_gpu)
+    own = _own_model_folder(source, on_gpu, cache_dir)
     tokenizer = _tokenizer(source, own is not None, cache_dir)
     check_chat_template(source, tokenizer)
     if native_tools:
@@ -223,12 +223,19 @@ def _from_pretrained(source: ModelSource, dtype: Any, device_map: str, cache_dir
     return tokenizer, model
 
 
-def _own_model_folder(source: ModelSource, on_gpu: bool) -> Path | None:
-    """The folder the engine builds the model from itself, or None (a hub id, a GGUF file, a GPU, a model
-    own_model.py does not build: the reason is logged)."""
-    if source.hub or source.gguf_file or on_gpu:
+def _own_model_folder(source: ModelSource, on_gpu: bool, cache_dir: Path | None) -> Path | None:
+    """The folder the engine builds the model from itself (a hub id's cached snapshot), or None (a GGUF file, a
+    GPU, a hub id not in the cache yet, a model own_model.py does not build: the reason is logged)."""
+    if source.gguf_file or on_gpu:
         return None
-    folder = Path(source.location)
+    if source.hub:
+        from agent.llm.engine.hub import cached_folder  # here: httpx and the hub client cost a start 0.15 s
+
+        folder = cached_folder(source.location, cache_dir)
+        if folder is None:
+            return None
+    else:
+        folder = Path(source.location)
     reason = own_model.buildable(folder)
     if reason is not None:
         log.debug("%s loads through transformers' model classes: %s", source.setting, reason)

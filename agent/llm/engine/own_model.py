@@ -50,7 +50,8 @@ def buildable(folder: Path) -> str | None:
         or "sliding_attention" in (config.get("layer_types") or []),
         f"activation {config.get('hidden_act')}": config.get("hidden_act", "silu") != "silu",
         "MLP biases": bool(config.get("mlp_bias")),
-        "no safetensors": not ((folder / WEIGHTS).is_file() or (folder / WEIGHTS_INDEX).is_file()),
+        "not every safetensors file": not _weight_files(folder)
+        or not all((folder / name).is_file() for name in _weight_files(folder)),
     }
     return next((reason for reason, holds in reasons.items() if holds), None)
 
@@ -120,13 +121,22 @@ def generation_config(folder: Path, config: Any) -> GenerationDefaults:
     return GenerationDefaults(values.get("eos_token_id", getattr(config, "eos_token_id", None)))
 
 
+def _weight_files(folder: Path) -> list[str]:
+    """The safetensors files holding the model's weights: one, or those its index names (none if neither)."""
+    index = folder / WEIGHTS_INDEX
+    if index.is_file():
+        try:
+            return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError):
+            return []
+    return [WEIGHTS] if (folder / WEIGHTS).is_file() else []
+
+
 def _read_weights(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
-    index = folder / WEIGHTS_INDEX
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [WEIGHTS]
     weights = {}
-    for name in files:
+    for name in _weight_files(folder):
         with safe_open(folder / name, framework="pt") as file:
             for key in file.keys():
                 weights[key] = file.get_tensor(key).to(dtype)
