@@ -65,8 +65,9 @@ def fingerprint(model: Any, quantize: str | None) -> str:
     import torch
     import transformers
 
-    parts = [torch.__version__, transformers.__version__, _engine_source_digest(), _cpu_flags(), type(model).__qualname__,
-             model.config.to_json_string(use_diff=False), str(model.dtype), str(model.device), quantize or ""]
+    parts = [torch.__version__, transformers.__version__, _engine_source_digest(), _cpu_flags(),
+             type(model).__qualname__, model.config.to_json_string(use_diff=False), str(model.dtype),
+             str(model.device), quantize or ""]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 

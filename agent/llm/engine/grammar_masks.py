@@ -4,7 +4,7 @@
     RowGrammar        one row's matcher: it takes each token the row generates, and knows if it failed
 
 The decode loop (decode_loop.py) fills the masks of all constrained rows of a batch in one call before each token
-(`GrammarEngine.fill_masks`, llguidance's `fill_next_token_bitmask_par`) and applies them; a row without a grammar,
+(`GrammarEngine.fill_masks`, llguidance's executor) and applies them; a row without a grammar,
 or one that has ended, is left exactly as it was.
 
 A token the mask allowed is always accepted by the matcher; should it ever not be (a bug, or a forced token such as

@@ -3,7 +3,8 @@
     private name                                     what the engine does with it                 used by
     config._attn_implementation                      which attention function a model runs        attention.py,
                                                                                                   forward_pass.py,
-                                                                                                  weights.py
+                                                                                                  weights.py,
+                                                                                                  own_model.py
     Module._forward_hooks, _forward_pre_hooks,       a module with a hook keeps the model's own   forward_pass.py
       accelerate's _hf_hook                          forward (the pass calls past hooks)
     torch.ops.onednn.qlinear_prepack,                int8 weights packed for oneDNN, and their    linear_int8.py
@@ -61,9 +62,19 @@ def attention_implementation(model: Any) -> str | None:
     return getattr(model.config, "_attn_implementation", None)
 
 
+def configure_attention(config: Any, name: str) -> None:
+    """Name the attention function a model of `config` runs, on the config."""
+    config._attn_implementation = name
+
+
 def use_attention(model: Any, name: str) -> None:
-    """Make `model` run the attention function registered as `name` (public, but named like the private field)."""
-    model.set_attn_implementation(name)
+    """Make `model` run the attention function registered as `name`: transformers' classes through their public
+    setter (named like the private field), the engine's own (own_model.py, which has none) on the config."""
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is None:
+        configure_attention(model.config, name)
+    else:
+        setter(name)
 
 
 def has_hooks(module: Any) -> bool:

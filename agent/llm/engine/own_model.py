@@ -26,6 +26,8 @@ from typing import Any, Iterator, NamedTuple
 import torch
 from torch import nn
 
+from agent.llm.engine import internals
+
 log = logging.getLogger(__name__)
 
 # config.json's architecture → whether its query, key and value products carry biases (Qwen2's do, Llama's follow
@@ -103,7 +105,7 @@ def model_config(folder: Path) -> Any:
     values.setdefault("rms_norm_eps", 1e-6)
     values.setdefault("tie_word_embeddings", False)
     config = PreTrainedConfig(**values)
-    config._attn_implementation = "sdpa"
+    internals.configure_attention(config, "sdpa")
     return config
 
 
@@ -241,10 +243,6 @@ class CausalLM(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
-
-    def set_attn_implementation(self, name: str) -> None:
-        """The engine's decode attention (attention.NAME), or "sdpa" (after a failed check, internals.fall_back)."""
-        self.config._attn_implementation = name
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = True,
