@@ -4,6 +4,7 @@ builds them without importing transformers' modeling code; what they do not buil
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -144,6 +145,28 @@ def test_a_second_start_builds_the_model_without_transformers_modeling_code(conv
     done = subprocess.run([sys.executable, "-c", script, str(converted)], cwd=REPO, capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "CausalLM []"
+
+
+@pytest.mark.real_model
+def test_a_converted_copy_tokenizes_as_the_ggufs_first_start_whatever_class_it_names(converted, tmp_path) -> None:
+    """A qwen2 GGUF's copy names `Qwen2Tokenizer`, whose class builds its own pipeline from the vocabulary; the
+    later starts read the copy's tokenizer.json as it is, as the first start (transformers reading the GGUF) had it."""
+    from transformers import AutoTokenizer
+
+    saved_copy = next(converted.glob(f"{GGUF.stem}-*-float32"))
+    named = tmp_path / saved_copy.name
+    named.mkdir()
+    for path in saved_copy.iterdir():
+        (named / path.name).symlink_to(path)
+    (named / "tokenizer_config.json").unlink()
+    settings = json.loads((saved_copy / "tokenizer_config.json").read_text())
+    (named / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "Qwen2Tokenizer"}))
+    texts = ["emoji 🤖 tab\tnew\r\nline", "a\r\n\r\nb  \n\n c", "Thought: 42\nAction: course_search"]
+    first = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
+    by_class = AutoTokenizer.from_pretrained(named)
+    assert any(by_class(text).input_ids != first(text).input_ids for text in texts)  # what a later start would get
+    later = load_model(resolve_model(str(GGUF)), "cpu", "float32", converted_dir=tmp_path).tokenizer
+    assert [later(text).input_ids for text in texts] == [first(text).input_ids for text in texts]
 
 
 CALLS = [dict(messages=[{"role": "user", "content": "What is the capital of France?"}], max_new_tokens=16),

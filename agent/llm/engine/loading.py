@@ -243,13 +243,18 @@ def _own_model_folder(source: ModelSource, on_gpu: bool, cache_dir: Path | None)
     return folder
 
 
-# The tokenizer class transformers 5 saves a converted model's tokenizer as: loaded directly, without the auto
-# classes' look-up (which imports every model's configuration: a second of a start).
+# The tokenizer class that loads a folder's tokenizer.json as it is, without the auto classes' look-up (which
+# imports every model's configuration: a second of a start).
 _PLAIN_TOKENIZER = "TokenizersBackend"
 
 
 def _tokenizer(source: ModelSource, own: bool, cache_dir: Path | None) -> Any:
-    if own and _tokenizer_class(Path(source.location)) == _PLAIN_TOKENIZER:
+    """The tokenizer at `source`. A GGUF's converted copy (the engine's own folder) loads its tokenizer.json as it
+    is: that is the tokenizer the GGUF's first start built, where the class the copy names (`Qwen2Tokenizer` for a
+    qwen2 GGUF) would build its own pipeline from the vocabulary and split some text otherwise (`"\r\n"`)."""
+    folder = Path(source.location)
+    converted = not source.hub and (folder / COMPLETE_MARK).is_file()
+    if converted or (own and _tokenizer_class(folder) == _PLAIN_TOKENIZER):
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
         return TokenizersBackend.from_pretrained(source.location)
