@@ -44,6 +44,7 @@ def buildable(folder: Path) -> str | None:
     except (OSError, ValueError) as error:
         return f"config.json: {error}"
     architecture = (config.get("architectures") or [""])[0]
+    files = _weight_files(folder)
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {"rope_type": "default"}
     reasons = {
         f"architecture {architecture or '(none)'}": architecture not in ARCHITECTURES,
@@ -52,8 +53,7 @@ def buildable(folder: Path) -> str | None:
         or "sliding_attention" in (config.get("layer_types") or []),
         f"activation {config.get('hidden_act')}": config.get("hidden_act", "silu") != "silu",
         "MLP biases": bool(config.get("mlp_bias")),
-        "not every safetensors file": not _weight_files(folder)
-        or not all((folder / name).is_file() for name in _weight_files(folder)),
+        "not every safetensors file": not files or not all((folder / name).is_file() for name in files),
     }
     return next((reason for reason, holds in reasons.items() if holds), None)
 
