@@ -16,8 +16,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from agent.llm.base import ModelRequest
 from agent.llm.engine import internals, linear_int8
 from agent.llm.engine.check_record import CheckRecord
-from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear
-from agent.llm.engine.saved_int8 import COMPLETE_MARK, FOLDER, STALE_SECONDS, SavedLevels, saved_levels
+from agent.llm.engine.linear_int8 import Int8Linear, OutputInt8Linear, PackedBytes
+from agent.llm.engine.saved_int8 import (COMPLETE_MARK, FOLDER, RAW_SUFFIX, STALE_SECONDS, SavedLevels,
+                                         saved_levels)
 from agent.llm.engine.weights import speed_up
 from tests.real_model import real_model_test, started_local_llm, worker_log_watched
 
@@ -75,9 +76,59 @@ def test_a_second_start_reads_the_saved_int8_weights_and_computes_the_same_score
     assert type(layer.self_attn.qkv_proj.stacked) is Int8Linear and type(layer.mlp.gate_up_proj.stacked) is Int8Linear
     assert type(second.lm_head) is OutputInt8Linear
     assert saved_folders(tmp_path) == [key]
-    # Nothing the model holds is a view of the saved files: their pages are not kept resident.
+    # The int8 products compute over their saved bytes, mapped (no copy); the output layer over its mapped levels;
+    # nothing else of the folder stays mapped (the scales are copies).
     gc.collect()
-    assert str(tmp_path / FOLDER) not in Path("/proc/self/maps").read_text()
+    folder = tmp_path / FOLDER / key
+    products = {path.name for path in folder.glob(f"*{RAW_SUFFIX}")}
+    assert len(products) == 2 * 4  # per layer: stacked q/k/v, o, stacked gate/up, down (the output layer: levels)
+    assert mapped_names(folder) == products | {"lm_head.safetensors"}
+    del second, layer
+    gc.collect()
+    assert mapped_names(folder) == set()  # let go with the model
+
+
+def mapped_names(folder: Path) -> set[str]:
+    """The names of the files of `folder` this process maps."""
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    return {Path(line.split()[-1]).name for line in lines if str(folder) in line}
+
+
+def test_bytes_laid_out_for_another_cpu_are_never_read(tmp_path, monkeypatch) -> None:
+    """A folder saved where oneDNN lays int8 weights out otherwise (another CPU, another torch) has another key:
+    its bytes, read in this layout, would compute garbage."""
+    start(tmp_path)
+    monkeypatch.setattr(internals, "int8_layout", lambda: "another-cpu")
+    quantized = quantizing_counted(monkeypatch)
+    start(tmp_path)
+    assert len(quantized) == 2 * 4 + 1 and len(saved_folders(tmp_path)) == 2
+
+
+def test_where_saved_bytes_cannot_be_built_on_levels_are_saved_and_laid_out_at_each_start(tmp_path,
+                                                                                           monkeypatch) -> None:
+    monkeypatch.setattr(internals, "int8_layout", lambda: None)
+    first = start(tmp_path)
+    [key] = saved_folders(tmp_path)
+    assert list((tmp_path / FOLDER / key).glob(f"*{RAW_SUFFIX}")) == []
+    quantized = quantizing_counted(monkeypatch)
+    second = start(tmp_path)
+    assert quantized == [] and torch.equal(scores(second), scores(first))
+    assert all(layer.packed_memory is None for layer in second.modules() if isinstance(layer, Int8Linear))
+
+
+def test_the_layout_check_rebuilds_a_weight_over_its_bytes_and_computes_the_same() -> None:
+    """internals.int8_layout on this machine: oneDNN's bytes of a packed weight, copied and built on again, give
+    its products; the hash names the layout (the same in one process)."""
+    layout = internals.int8_layout()
+    assert layout is not None and len(layout) == 16
+    weight = torch.nn.Linear(96, 40, bias=False, dtype=torch.bfloat16)
+    layer = Int8Linear(weight)
+    saved = layer.packed_bytes()
+    rebuilt = Int8Linear(weight, PackedBytes(saved.raw.clone(), saved.layout, saved.scales))
+    rows = torch.randn(3, 96, dtype=torch.bfloat16)
+    assert torch.equal(rebuilt(rows), layer(rows))
+    other = Int8Linear(torch.nn.Linear(96, 40, bias=False, dtype=torch.bfloat16))
+    assert not torch.equal(other(rows), layer(rows))  # the comparison can fail
 
 
 def test_a_changed_model_is_quantized_anew_and_saved_beside_the_first(tmp_path, monkeypatch) -> None:
@@ -124,6 +175,20 @@ def test_a_damaged_saved_weight_is_quantized_again_with_one_line(tmp_path, monke
         f"int8 levels of model.layers.1.mlp.down_proj unreadable in {tmp_path / FOLDER / key}"]
 
 
+def test_a_damaged_laid_out_weight_is_quantized_again_with_one_line(tmp_path, monkeypatch, caplog) -> None:
+    expected = scores(start(tmp_path))
+    [key] = saved_folders(tmp_path)
+    raw = tmp_path / FOLDER / key / f"model.layers.0.mlp.down_proj{RAW_SUFFIX}"
+    raw.write_bytes(raw.read_bytes()[:100])  # cut short
+    quantized = quantizing_counted(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="agent.llm.engine"):
+        model = start(tmp_path)
+    assert quantized == [(64, 128)]
+    assert torch.equal(scores(model), expected)
+    assert [record.getMessage().split(" (")[0] for record in caplog.records] == [
+        f"int8 levels of model.layers.0.mlp.down_proj unreadable in {tmp_path / FOLDER / key}"]
+
+
 def test_an_interrupted_save_is_never_read_and_is_cleared_by_the_next(tmp_path, monkeypatch) -> None:
     crashed = tmp_path / FOLDER / "0123456789abcdef.99999.partial"
     running = tmp_path / FOLDER / "fedcba9876543210.99998.partial"  # another process saving right now
@@ -141,10 +206,10 @@ def test_an_interrupted_save_is_never_read_and_is_cleared_by_the_next(tmp_path, 
 def test_a_save_whose_folder_was_cleared_meanwhile_is_not_put_in_place(tmp_path, caplog) -> None:
     saved = SavedLevels(tmp_path, "key", kept=2)
     levels = torch.zeros(4, 8, dtype=torch.int8), torch.ones(4)
-    saved.put("first", *levels)
+    saved.put("first", levels)
     shutil.rmtree(tmp_path / f"key.{os.getpid()}.partial")  # as another process clearing what it took as stale
     with caplog.at_level(logging.WARNING, logger="agent.llm.engine"):
-        saved.put("second", *levels)
+        saved.put("second", levels)
         saved.finish()
     assert list(tmp_path.iterdir()) == []
     assert [record.getMessage().startswith("could not save int8 levels") for record in caplog.records] == [True]

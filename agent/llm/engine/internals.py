@@ -9,6 +9,12 @@
       accelerate's _hf_hook                          forward (the pass calls past hooks)
     torch.ops.onednn.qlinear_prepack,                int8 weights packed for oneDNN, and their    linear_int8.py
       qlinear_pointwise                              product with uint8 activations
+    torch.ops.mkldnn.data_ptr, _nbytes,              a packed int8 weight's bytes and layout,     linear_int8.py,
+      _get_mkldnn_serialized_md                      saved once (a later start maps them back)    saved_int8.py
+    torch._C._cpu._get_cpu_capability                the CPU's features, in the saved layout's key
+    libtorch's aoti_torch_create_tensor_from_blob_v2 a packed weight over bytes already laid out
+      (AOTInductor's C shim, through ctypes),        (what AOTInductor does with the packed
+      torch._C._aoti.alloc_tensor_by_stealing_...    weights it compiles in)
     torch.ops.aten._weight_int8pack_mm               the output layer's int8 weights, activations linear_int8.py
                                                      as they are
     torch.ops.aten._convert_weight_to_int4pack_for_cpu,  int4 weights packed for torch's CPU      linear_int4.py
@@ -30,6 +36,8 @@ model (weights.py), on the loaded model itself with a tiny batch (two rows, one 
     int8_fails,      before quantizing (MODEL_DTYPE=int8, int4): a small layer of their own through the kernel
       int4_fails,    gives `F.linear` over its de-quantized weight, within the activations' rounding
       output_int8_fails
+    int8_layout      a packed int8 weight rebuilt over a copy of its bytes gives its products bit for bit (else
+                     int8 levels are saved instead of packed bytes: saved_int8.py)
 
 Where one of the first three fails, `fall_back` puts the model on transformers' own attention, forward and cache,
 and logs one line naming what failed: an upgrade may cost speed, never correctness. Where packing fails, the bf16
@@ -39,7 +47,9 @@ with one line: more memory and less speed, the same model.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import hashlib
 import logging
 from typing import Any, Callable
 
@@ -96,6 +106,62 @@ def int8_linear(activations: torch.Tensor, zero_point: int, packed: tuple[torch.
     weight, scales, zero_points = packed
     return torch.ops.onednn.qlinear_pointwise(activations, 1.0, zero_point, weight, scales, zero_points, None, 1.0, 0,
                                               out_dtype, "none", [], "")
+
+
+def int8_packed_bytes(packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An `int8_pack`ed weight's bytes as oneDNN laid them out (a uint8 view of its memory: valid while the weight
+    lives) and their layout (oneDNN's serialized memory descriptor, uint8)."""
+    weight = packed[0]
+    size = torch.ops.mkldnn._nbytes(weight)
+    memory = (ctypes.c_uint8 * size).from_address(torch.ops.mkldnn.data_ptr(weight))
+    return torch.frombuffer(memory, dtype=torch.uint8), torch.ops.mkldnn._get_mkldnn_serialized_md(weight)
+
+
+def int8_packed_from_bytes(raw: torch.Tensor, layout: torch.Tensor, scales: torch.Tensor,
+                           in_features: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What `int8_pack` gave for a weight whose packed bytes and layout `int8_packed_bytes` gave on this CPU with
+    this torch (`int8_layout` says which), built over `raw` with no copy: `raw` must outlive it. AOTInductor builds
+    the packed weights it compiles into a model the same way."""
+    create = _aoti_shim().aoti_torch_create_tensor_from_blob_v2
+    sizes = (ctypes.c_int64 * 2)(in_features, scales.shape[0])  # as packed: [in, out]
+    strides = (ctypes.c_int64 * 2)(scales.shape[0], 1)
+    described = bytes(layout.tolist())
+    handle = ctypes.c_void_p()
+    failed = create(raw.data_ptr(), 2, sizes, strides, 0, _AOTI_INT8, _AOTI_CPU, 0, ctypes.byref(handle),
+                    _AOTI_MKLDNN, described, len(described))
+    if failed or not handle.value:
+        raise RuntimeError("libtorch could not build a packed weight over saved bytes")
+    weight = torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr(_capsule(handle.value))
+    return weight, scales, torch.zeros(scales.shape[0], dtype=torch.long)
+
+
+# The shim's codes for int8, the CPU and oneDNN's layout (its aoti_torch_dtype_int8() and the like, constant).
+_AOTI_INT8, _AOTI_CPU, _AOTI_MKLDNN = 1, 0, 3
+
+
+@functools.cache
+def _aoti_shim() -> ctypes.CDLL:
+    import os
+
+    library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    for name, code in (("aoti_torch_dtype_int8", _AOTI_INT8), ("aoti_torch_device_type_cpu", _AOTI_CPU),
+                       ("aoti_torch_layout__mkldnn", _AOTI_MKLDNN)):
+        getattr(library, name).restype = ctypes.c_int32
+        if getattr(library, name)() != code:
+            raise RuntimeError(f"libtorch's {name}() is no longer {code}")
+    create = library.aoti_torch_create_tensor_from_blob_v2
+    int64, int32, pointer = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+    create.argtypes = [pointer, int64, ctypes.POINTER(int64), ctypes.POINTER(int64), int64, int32, int32, int32,
+                       ctypes.POINTER(pointer), int32, ctypes.c_char_p, int64]
+    create.restype = int32
+    return library
+
+
+def _capsule(address: int) -> Any:
+    """A PyCapsule around `address` (torch takes a tensor handle from C in one)."""
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(address, None, None)
 
 
 @functools.cache
@@ -210,6 +276,36 @@ def output_int8_fails() -> str | None:
     from agent.llm.engine import linear_int8
 
     return _kernel_fails(linear_int8.OutputInt8Linear, linear_int8.OUTPUT_TOLERANCE)
+
+
+@functools.cache
+def int8_layout() -> str | None:
+    """Which packed layout this CPU and torch give int8 weights (a short hash of oneDNN's layout of a probe
+    weight, and torch's version), where a packed weight rebuilt over a copy of its bytes (`int8_packed_from_bytes`)
+    gives the same products as the weight itself, bit for bit; None where it does not or cannot (then saved_int8.py
+    saves levels, to be packed at every start). The layout is oneDNN's choice for this CPU's instructions, and a
+    weight's bytes read in another layout compute garbage without an error: bytes packed on another CPU or torch are
+    never read here (saved_int8.py keys its folders by this hash, which covers the CPU's every capability)."""
+    generator = torch.Generator().manual_seed(0)
+    levels = torch.randint(-127, 128, (96, 160), dtype=torch.int8, generator=generator)
+    probe = torch.randint(0, 256, (5, 160), dtype=torch.uint8, generator=generator)
+    try:
+        packed = int8_pack(levels, torch.rand(96, generator=generator) / 100)
+        raw, layout = int8_packed_bytes(packed)
+        copy = raw.clone()
+        rebuilt = int8_packed_from_bytes(copy, layout, packed[1], levels.shape[1])
+        same = torch.equal(int8_linear(probe, 128, rebuilt, torch.float32),
+                           int8_linear(probe, 128, packed, torch.float32))
+    except (AttributeError, RuntimeError, OSError, NotImplementedError, TypeError) as error:
+        log.info("packed int8 weights are not saved here (their levels are): %s", _first_line(error))
+        return None
+    if not same:
+        log.info("packed int8 weights are not saved here (their levels are): rebuilt, they compute otherwise")
+        return None
+    # Everything oneDNN could choose a layout by: a weight rebuilt in another layout computes garbage, silently.
+    machine = sorted(torch._C._cpu._get_cpu_capability().items()) if hasattr(torch._C, "_cpu") else []
+    described = f"{torch.__version__}|{machine}|{layout.tolist()}"
+    return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
 def _kernel_fails(layer_class: Any, tolerance: float) -> str | None:

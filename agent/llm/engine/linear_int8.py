@@ -8,28 +8,43 @@ scale for the batch, and a row's outputs never depend on its batch neighbours (t
 the CPU has no VNNI the activations keep 7 bits (internals.int8_activation_bits).
 
 The product is oneDNN's (`torch.ops.onednn.qlinear_*`, what PyTorch's own compiler emits for int8 models on x86),
-its weight laid out once at load, one byte a weight. The activations are quantized here, not by the kernel, since
+its weight laid out once, one byte a weight: laying out takes oneDNN 30 ms for a 15M-weight product on 2 cores
+(4.3 s of a 1.5B model's start), so the first start saves the laid-out bytes (saved_int8.py) and later ones build
+the packed weights over a mapping of them, as AOTInductor does with the weights it compiles in. The activations are quantized here, not by the kernel, since
 oneDNN takes one scale per tensor. It replaced fbgemm's dynamic product, which torch reaches only through the
 deprecated quantized tensors and which scaled the whole batch as one (each row had to be divided by its own largest
 magnitude first, with a range row below them): at the 0.5B and 1.5B shapes oneDNN's is the faster (bench/README.md
-§ Linear layers and § Side by side after issue 37's third round). Both hold one byte a weight. The kernel is reached through internals.py, which checks it once at load (`int8_fails`); where
-it is gone the layers stay as loaded, with one log line.
+§ Linear layers and § Side by side after issue 37's third round). Both hold one byte a weight. The kernel is
+reached through internals.py, which checks it once at load (`int8_fails`); where it is gone the layers stay as
+loaded, with one log line.
 
 `quantize_linears` replaces the layers one at a time, so the float weights of one layer at most are held twice.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from agent.llm.engine.internals import int8_activation_bits, int8_linear, int8_pack, int8_weight_only_linear
+from agent.llm.engine.internals import (int8_activation_bits, int8_linear, int8_pack, int8_packed_bytes,
+                                        int8_packed_from_bytes, int8_weight_only_linear)
 
 if TYPE_CHECKING:
     from agent.llm.engine.saved_int8 import SavedLevels
 
 Levels = tuple[torch.Tensor, torch.Tensor]  # a weight's int8 levels [out, in] and float32 scale per output
+
+
+@dataclass(frozen=True)
+class PackedBytes:
+    """An int8 weight as oneDNN laid it out, saved (saved_int8.py): its bytes (at a later start, a mapping of the
+    saved file), their layout (oneDNN's memory descriptor) and the float32 scale per output."""
+
+    raw: torch.Tensor
+    layout: torch.Tensor
+    scales: torch.Tensor
 
 # The self-test's bound (internals.py): the product's largest difference from `F.linear` over the de-quantized
 # weight, as a share of the largest output. Seven-bit activations give about 0.02; a wrong layout gives ~1.
@@ -46,16 +61,27 @@ ROW_BLOCK = 256
 class Int8Linear(torch.nn.Module):
     """`nn.Linear`'s forward with its weight in int8 (packed for oneDNN); inputs and outputs in the model's dtype."""
 
-    def __init__(self, linear: torch.nn.Linear, levels: Levels | None = None):
-        """`levels`: `per_channel_int8` of the weight, computed before (saved_int8.py; then `linear` may be on the
-        meta device, its shape and bias all that is read), else computed here."""
+    def __init__(self, linear: torch.nn.Linear, weight: Levels | PackedBytes | None = None):
+        """`weight`: `per_channel_int8` of the weight computed before, or the bytes they were packed into (both
+        from saved_int8.py; then `linear` may be on the meta device, its shape and bias all that is read); else the
+        levels are computed here."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = linear.weight.dtype
-        self.packed = int8_pack(*(levels or per_channel_int8(linear.weight)))  # oneDNN's opaque tensor: no buffer
+        if isinstance(weight, PackedBytes):  # no packing: the packed weight is built over the saved bytes
+            self.packed = int8_packed_from_bytes(weight.raw, weight.layout, weight.scales, self.in_features)
+            self.packed_memory: torch.Tensor | None = weight.raw  # the bytes it computes with: held while it is
+        else:
+            self.packed = int8_pack(*(weight or per_channel_int8(linear.weight)))  # oneDNN's opaque tensor
+            self.packed_memory = None
         self.bias = linear.bias  # added after the rows are scaled back (see forward)
         self.levels = (1 << (int8_activation_bits() - 1)) - 1  # 127, or 63 where 8 bits would overflow
         self.nbytes = linear.out_features * (linear.in_features + 4)  # the int8 weight and its scales
+
+    def packed_bytes(self) -> PackedBytes:
+        """The packed weight as saved_int8.py saves it (its bytes a view of this layer's memory)."""
+        raw, layout = int8_packed_bytes(self.packed)
+        return PackedBytes(raw, layout, self.packed[1])
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         flat = inputs.reshape(-1, self.in_features)
@@ -153,25 +179,20 @@ def quantize_int8(model: Any, output_weight_only: bool = True, between: Callable
     output = output_layer(model)
 
     def make(linear: torch.nn.Linear, name: str) -> torch.nn.Module:
-        levels = saved_or_computed(saved, name, linear)
-        if linear is output and output_weight_only:
-            return OutputInt8Linear(linear, levels)
-        return Int8Linear(linear, levels)
+        weight_only = linear is output and output_weight_only
+        found = saved.get(name, linear.out_features, linear.in_features) if saved is not None else None
+        if weight_only and isinstance(found, PackedBytes):  # not saved so: the weight-only product saves levels
+            found = None
+        levels = per_channel_int8(linear.weight) if found is None else None
+        layer = (OutputInt8Linear if weight_only else Int8Linear)(linear, found or levels)
+        if levels is not None and saved is not None:
+            saved.put(name, levels, layer.packed_bytes() if isinstance(layer, Int8Linear) else None)
+        return layer
 
     quantize_linears(model, make, between)
     if saved is not None:
         saved.finish()
     return model
-
-
-def saved_or_computed(saved: SavedLevels | None, name: str, linear: torch.nn.Linear) -> Levels:
-    """Layer `name`'s levels: saved before, or computed now (and saved, where `saved` is being written)."""
-    levels = saved.get(name, linear.out_features, linear.in_features) if saved is not None else None
-    if levels is None:
-        levels = per_channel_int8(linear.weight)
-        if saved is not None:
-            saved.put(name, *levels)
-    return levels
 
 
 def quantize_linears(model: Any, make: Callable[[torch.nn.Linear, str], torch.nn.Module | None],

@@ -22,7 +22,7 @@ from agent.errors import ModelLoadError
 from agent.llm.base import MODEL_DTYPES
 from agent.llm.engine import own_model
 from agent.llm.engine.check_record import CheckRecord
-from agent.llm.engine.load_leftovers import LoadLeftovers
+from agent.llm.engine.load_leftovers import LoadLeftovers, heap_for_activations
 from agent.llm.engine.grammar_masks import GrammarEngine
 from agent.llm.engine.model_thread import LoadedModel
 from agent.llm.engine.saved_int8 import KEPT, saved_levels
@@ -165,6 +165,7 @@ def load_model(source: ModelSource, device_map: str, dtype_setting: str,
     import torch
 
     started = time.perf_counter()
+    heap_for_activations()
     on_gpu = torch.cuda.is_available() and device_map not in ("", "cpu")
     if dtype_setting in QUANTIZED and on_gpu:
         raise ModelLoadError(f"MODEL_DTYPE={dtype_setting} is for CPUs (its kernels run there only): on a GPU use "

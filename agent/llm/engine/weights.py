@@ -94,9 +94,9 @@ def _usable(quantize: str | None) -> str | None:
 
 
 def _saved_stack(saved: SavedLevels, name: str, shape: torch.nn.Linear) -> torch.nn.Module | None:
-    """Stack `name` in int8 from its saved levels, or None where none are saved (it is stacked in float)."""
-    levels = saved.get(name, shape.out_features, shape.in_features)
-    return Int8Linear(shape, levels) if levels is not None else None
+    """Stack `name` in int8 from what was saved of it, or None where nothing is (it is stacked in float)."""
+    found = saved.get(name, shape.out_features, shape.in_features)
+    return Int8Linear(shape, found) if found is not None else None
 
 
 def _quantize(model: Any, quantize: str | None, between: Callable[[], Any] | None = None,
