@@ -10,13 +10,13 @@ the CPU has no VNNI the activations keep 7 bits (internals.int8_activation_bits)
 The product is oneDNN's (`torch.ops.onednn.qlinear_*`, what PyTorch's own compiler emits for int8 models on x86),
 its weight laid out once, one byte a weight: laying out takes oneDNN 30 ms for a 15M-weight product on 2 cores
 (4.3 s of a 1.5B model's start), so the first start saves the laid-out bytes (saved_int8.py) and later ones build
-the packed weights over a mapping of them, as AOTInductor does with the weights it compiles in. The activations are quantized here, not by the kernel, since
-oneDNN takes one scale per tensor. It replaced fbgemm's dynamic product, which torch reaches only through the
-deprecated quantized tensors and which scaled the whole batch as one (each row had to be divided by its own largest
-magnitude first, with a range row below them): at the 0.5B and 1.5B shapes oneDNN's is the faster (bench/README.md
-§ Linear layers and § Side by side after issue 37's third round). Both hold one byte a weight. The kernel is
-reached through internals.py, which checks it once at load (`int8_fails`); where it is gone the layers stay as
-loaded, with one log line.
+the packed weights over a mapping of them, as AOTInductor does with the weights it compiles in. The activations
+are quantized here, not by the kernel, since oneDNN takes one scale per tensor. It replaced fbgemm's dynamic
+product, which torch reaches only through the deprecated quantized tensors and which scaled the whole batch as one
+(each row had to be divided by its own largest magnitude first, with a range row below them): at the 0.5B and 1.5B
+shapes oneDNN's is the faster (bench/README.md § Linear layers and § Side by side after issue 37's third round).
+Both hold one byte a weight. The kernel is reached through internals.py, which checks it once at load
+(`int8_fails`); where it is gone the layers stay as loaded, with one log line.
 
 `quantize_linears` replaces the layers one at a time, so the float weights of one layer at most are held twice.
 """
