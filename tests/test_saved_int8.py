@@ -172,7 +172,14 @@ def test_a_damaged_saved_weight_is_quantized_again_with_one_line(tmp_path, monke
     assert quantized == [(64, 128)]  # that one layer only
     assert torch.equal(scores(model), expected)
     assert [record.getMessage().split(" (")[0] for record in caplog.records] == [
-        f"int8 levels of model.layers.1.mlp.down_proj unreadable in {tmp_path / FOLDER / key}"]
+        f"int8 levels of model.layers.1.mlp.down_proj unreadable in {tmp_path / FOLDER / key}",
+        f"removed the damaged int8 weights in {tmp_path / FOLDER / key}: the next start saves them anew"]
+    assert torch.equal(scores(model), expected)  # its products mapped from the removed files still compute
+    quantized.clear()
+    start(tmp_path)  # saves them anew
+    assert len(quantized) == 2 * 4 + 1 and saved_folders(tmp_path) == [key]
+    quantized.clear()
+    assert torch.equal(scores(start(tmp_path)), expected) and quantized == []
 
 
 def test_a_damaged_laid_out_weight_is_quantized_again_with_one_line(tmp_path, monkeypatch, caplog) -> None:
@@ -186,7 +193,8 @@ def test_a_damaged_laid_out_weight_is_quantized_again_with_one_line(tmp_path, mo
     assert quantized == [(64, 128)]
     assert torch.equal(scores(model), expected)
     assert [record.getMessage().split(" (")[0] for record in caplog.records] == [
-        f"int8 levels of model.layers.0.mlp.down_proj unreadable in {tmp_path / FOLDER / key}"]
+        f"int8 levels of model.layers.0.mlp.down_proj unreadable in {tmp_path / FOLDER / key}",
+        f"removed the damaged int8 weights in {tmp_path / FOLDER / key}: the next start saves them anew"]
 
 
 def test_an_interrupted_save_is_never_read_and_is_cleared_by_the_next(tmp_path, monkeypatch) -> None:

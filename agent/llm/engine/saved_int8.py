@@ -65,6 +65,7 @@ class SavedLevels:
             _touch(self.folder / COMPLETE_MARK)  # the newest kept are the most recently used (`_keep_newest`)
         self._partial: Path | None = None if self.complete else root / f"{key}.{os.getpid()}.partial"
         self._written = 0
+        self._damaged = False  # a product of the complete folder could not be read
 
     def get(self, name: str, out_features: int, in_features: int) -> Levels | PackedBytes | None:
         """Product `name` as saved: its laid-out bytes (their pages mapped, not read), or its levels [out, in] int8
@@ -89,6 +90,7 @@ class SavedLevels:
                 fits = found.raw.numel() >= out_features * in_features
         except (OSError, KeyError, SafetensorError, RuntimeError) as error:
             log.warning("int8 levels of %s unreadable in %s (%s): quantizing it", name, self.folder, error)
+            self._damaged = True
             return None
         if not fits or scales.dtype != torch.float32 or scales.shape != (out_features,):
             return None
@@ -135,7 +137,12 @@ class SavedLevels:
             self._give_up()
 
     def finish(self) -> None:
-        """Put the written folder in place (every product is in it) and keep only the newest `kept` folders."""
+        """Put the written folder in place (every product is in it) and keep only the newest `kept` folders; remove a
+        complete folder a product of which could not be read, so that the next start saves it anew (the products
+        this start mapped from it keep their bytes until they are let go)."""
+        if self._damaged:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            log.warning("removed the damaged int8 weights in %s: the next start saves them anew", self.folder)
         if self._partial is None or not self._written:
             self._give_up()
             return
